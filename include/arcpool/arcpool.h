@@ -1,0 +1,611 @@
+/*
+ * arcpool — C API.
+ *
+ * A stream-ordered device-memory allocator on cudaMallocAsync pools that knows, for every
+ * allocation, its origin (device and stream), how many owners are responsible for freeing it
+ * (the owner count, changed by preserve/discard) and which streams may still use it (fences).
+ *
+ * Ordering contract, written once: every "_async" operation is stream-ordered and never blocks
+ * the host. Memory returned by an allocation on stream S may be used by work queued on S after
+ * the call. A deallocation is ordered after all work queued so far on the caller's stream, on
+ * the allocation's current stream and on every stream recorded with arcpool_record_use; the
+ * memory may then be reused by later work. Functions that block say so.
+ *
+ * Ownership in signatures: `out_*` parameters receive a new reference the caller must release
+ * (arcpool_allocation_release) unless stated otherwise; other pointer parameters are borrowed
+ * for the duration of the call.
+ *
+ * Thread safety: every function may be called from any thread concurrently, on the same or
+ * different objects, unless its comment says otherwise. No function may be called from inside
+ * stream-ordered host work (a CUDA host callback): CUDA forbids it and the host driver refuses
+ * it with ARCPOOL_STATUS_NOT_PERMITTED.
+ *
+ * Errors: every function returning arcpool_status_t leaves all state unchanged on failure
+ * (unless stated) and sets a message for the calling thread, read with arcpool_last_error().
+ */
+#ifndef ARCPOOL_ARCPOOL_H_
+#define ARCPOOL_ARCPOOL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arcpool/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------------------------------------------- */
+/* Versions and basic types                                                                    */
+/* ----------------------------------------------------------------------------------------- */
+
+/** Version of this header: major * 10000 + minor * 100 + patch. */
+#define ARCPOOL_VERSION 100
+
+/** Returns the version of the linked library (same encoding as ARCPOOL_VERSION). Thread-safe;
+ * never blocks. */
+ARCPOOL_API int arcpool_version(void);
+
+/**
+ * A stream. Type-compatible with cudaStream_t (both are `struct CUstream_st*`), so CUDA
+ * streams are passed directly. NULL is the legacy default stream. On the host driver a stream
+ * is a worker created by arcpool_stream_create.
+ */
+typedef struct CUstream_st* arcpool_stream_t;
+
+/** An allocator: one device, one pool, its event pool and its reclaim worker. */
+typedef struct arcpool_allocator arcpool_allocator_t;
+
+/**
+ * A handle to an allocation or to a view of one. Holds one reference (see
+ * arcpool_allocation_retain); references keep the control record readable and are distinct
+ * from owner claims (arcpool_allocation_preserve / _discard).
+ */
+typedef struct arcpool_allocation arcpool_allocation_t;
+
+/** Result of every fallible call. */
+typedef enum arcpool_status_t {
+  ARCPOOL_STATUS_SUCCESS = 0,
+  /** An argument is invalid (null handle or out-pointer, bad alignment, bad flags, ...). */
+  ARCPOOL_STATUS_INVALID_ARGUMENT = 1,
+  /** The device, the pool or the allocator's hard limit cannot satisfy the request. */
+  ARCPOOL_STATUS_OUT_OF_MEMORY = 2,
+  /** The caller is not (the only) owner: preserve/discard at owner count 0, or deallocate or
+   * export while other owners remain (without FORCE). Nothing changed. */
+  ARCPOOL_STATUS_NOT_OWNER = 3,
+  /** The allocation was already deallocated or exported. Nothing changed. */
+  ARCPOOL_STATUS_ALREADY_DEALLOCATED = 4,
+  /** A raw pointer that no live arcpool allocation contains. Nothing freed. */
+  ARCPOOL_STATUS_UNKNOWN_POINTER = 5,
+  /** The operation is not supported in this situation (e.g. a stream capturing a CUDA graph).
+   * Nothing changed. */
+  ARCPOOL_STATUS_UNSUPPORTED = 6,
+  /** A CUDA call failed; the message names the CUDA error (e.g. a sticky device fault). */
+  ARCPOOL_STATUS_CUDA_ERROR = 7,
+  /** Called from inside stream-ordered host work, where driver calls are forbidden. */
+  ARCPOOL_STATUS_NOT_PERMITTED = 8,
+  /** The requested driver has no usable device (e.g. ARCPOOL_DRIVER_CUDA without a GPU). */
+  ARCPOOL_STATUS_NO_DEVICE = 9
+} arcpool_status_t;
+
+/** Returns a static string naming `status` ("ARCPOOL_STATUS_NOT_OWNER", ...). Thread-safe;
+ * never blocks; never NULL. */
+ARCPOOL_API const char* arcpool_status_string(arcpool_status_t status);
+
+/** Returns the message of the most recent failing arcpool call on the calling thread ("" if
+ * none). The pointer stays valid until the next arcpool call on this thread. Never blocks. */
+ARCPOOL_API const char* arcpool_last_error(void);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Allocators                                                                                  */
+/* ----------------------------------------------------------------------------------------- */
+
+/** Which driver serves an allocator. */
+typedef enum arcpool_driver_kind_t {
+  /** CUDA when a device is usable, else host. ARCPOOL_DRIVER=cuda|host overrides AUTO. */
+  ARCPOOL_DRIVER_AUTO = 0,
+  /** The CUDA runtime: the product. */
+  ARCPOOL_DRIVER_CUDA = 1,
+  /** Host worker threads and host memory: a test and development stand-in, never a
+   * performance claim. */
+  ARCPOOL_DRIVER_HOST = 2
+} arcpool_driver_kind_t;
+
+/** Returns "auto", "cuda" or "host". Thread-safe; never blocks; never NULL. */
+ARCPOOL_API const char* arcpool_driver_name(arcpool_driver_kind_t kind);
+
+/** Where an allocator's cudaMemPool_t comes from. */
+typedef enum arcpool_pool_source_t {
+  /** arcpool creates and owns the pool (default); its settings are the options below. */
+  ARCPOOL_POOL_OWNED = 0,
+  /** Adopt the device's default pool (cudaDeviceGetDefaultMemPool); not owned. */
+  ARCPOOL_POOL_DEVICE_DEFAULT = 1,
+  /** Adopt the device's current pool (cudaDeviceGetMemPool); not owned. */
+  ARCPOOL_POOL_DEVICE_CURRENT = 2
+} arcpool_pool_source_t;
+
+/**
+ * Where a deallocation that is not a plain same-stream free runs (DESIGN.md §4). Every
+ * strategy orders the free after the caller's stream, the current stream and every
+ * recorded-use stream; they differ in false dependencies and in how soon memory returns.
+ */
+typedef enum arcpool_routing_t {
+  /** The allocator's default for the case (see arcpool_allocator_options_t). */
+  ARCPOOL_ROUTING_DEFAULT = 0,
+  /** The caller's stream waits on the other streams' fences, then frees. */
+  ARCPOOL_ROUTING_WAIT_AND_FREE = 1,
+  /** The origin stream waits on the fences, then frees into its own lane; falls back to
+   * wait-and-free (counted) when the origin is not provably alive. */
+  ARCPOOL_ROUTING_PREFER_ORIGIN = 2,
+  /** The reclaim worker polls the fences and frees on the origin stream (if provably alive)
+   * or on arcpool's own reclaim stream once they completed. No false dependency. */
+  ARCPOOL_ROUTING_DEFERRED = 3
+} arcpool_routing_t;
+
+/** Called when an allocation cannot be satisfied after caches were flushed and pending
+ * reclaims completed. May free memory; return non-zero to ask for one more attempt. Runs on
+ * the allocating thread, outside arcpool's locks; may call arcpool. */
+typedef int (*arcpool_oom_callback_t)(size_t requested_bytes, void* user_data);
+
+/** Version of arcpool_allocator_options_t this header describes. */
+#define ARCPOOL_ALLOCATOR_OPTIONS_VERSION 1
+
+/** Options of arcpool_allocator_create. Fill with arcpool_allocator_options_init first. */
+typedef struct arcpool_allocator_options_t {
+  size_t struct_size; /**< sizeof(arcpool_allocator_options_t) */
+  uint32_t version;   /**< ARCPOOL_ALLOCATOR_OPTIONS_VERSION */
+  /** Device ordinal served by the allocator. Default 0. */
+  int device;
+  /** Driver. Default ARCPOOL_DRIVER_AUTO. */
+  arcpool_driver_kind_t driver;
+  /** Pool source. Default ARCPOOL_POOL_OWNED. */
+  arcpool_pool_source_t pool_source;
+  /** Owned pools: bytes the pool keeps reserved across synchronizations. Default UINT64_MAX
+   * (never release); 0 unmaps idle memory at every synchronize. */
+  uint64_t release_threshold;
+  /** Owned pools: cudaMemPoolReuseFollowEventDependencies. Default 1. */
+  int reuse_follow_event_dependencies;
+  /** Owned pools: cudaMemPoolReuseAllowOpportunistic. Default 1. */
+  int reuse_allow_opportunistic;
+  /** Owned pools: cudaMemPoolReuseAllowInternalDependencies. Default 0: it inserts hidden
+   * waits between streams, the serialization arcpool's routing avoids. */
+  int reuse_allow_internal_dependencies;
+  /** Owned pools: maximum pool size in bytes (cudaMemPoolProps::maxSize). Default 0: the
+   * device's limit. */
+  size_t max_pool_bytes;
+  /** Hard limit on bytes held by this allocator (live plus awaiting their free), enforced by
+   * arcpool's own counter. Default 0: none. */
+  size_t hard_limit_bytes;
+  /** Owned pools: IPC handle types (cudaMemAllocationHandleType bits), checked against what the
+   * device supports. Default 0. */
+  uint32_t ipc_handle_types;
+  /** Owned pools: devices that get read/write access to the pool. Borrowed for the call. */
+  const int* peer_devices;
+  size_t peer_device_count; /**< Number of entries in peer_devices. */
+  /** Routing when the deallocating stream or the current stream is not the origin stream.
+   * Default ARCPOOL_ROUTING_DEFAULT (currently DEFERRED; see docs/routing.md). */
+  arcpool_routing_t foreign_stream_routing;
+  /** Routing when other streams' uses are recorded. Default ARCPOOL_ROUTING_DEFAULT
+   * (currently DEFERRED; see docs/routing.md). */
+  arcpool_routing_t use_record_routing;
+  /** Host driver: simulated device capacity in bytes. Default 0: 16 GiB. */
+  size_t host_capacity_bytes;
+  /** Events kept for reuse by the event pool. Default 0: 1024. */
+  size_t event_pool_capacity;
+  /** Out-of-memory callback (see arcpool_oom_callback_t). Default NULL. */
+  arcpool_oom_callback_t on_out_of_memory;
+  void* on_out_of_memory_user_data; /**< Passed to on_out_of_memory. */
+} arcpool_allocator_options_t;
+
+/** Fills `options` with the defaults documented on each field. Thread-safe; never blocks. */
+ARCPOOL_API void arcpool_allocator_options_init(arcpool_allocator_options_t* options);
+
+/**
+ * Creates an allocator for `options->device` (`options` may be NULL for all defaults). On
+ * success `*out_allocator` is a new allocator the caller destroys with
+ * arcpool_allocator_destroy. Fails with NO_DEVICE when the CUDA driver is requested (or
+ * ARCPOOL_DRIVER=cuda is set) and no device is usable, INVALID_ARGUMENT for bad options.
+ * Thread-safe; may block while CUDA initializes.
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocator_create(const arcpool_allocator_options_t* options,
+                                                      arcpool_allocator_t** out_allocator);
+
+/**
+ * Releases the caller's allocator. Live allocations keep it alive: the pool, event pool and
+ * reclaim worker are torn down when the last allocation handle is gone. Blocks until pending
+ * reclaims of that allocator complete when it is the last reference. Never fails; NULL is a
+ * no-op.
+ */
+ARCPOOL_API void arcpool_allocator_destroy(arcpool_allocator_t* allocator);
+
+/** Returns the driver actually serving `allocator` (CUDA or HOST). Never blocks. */
+ARCPOOL_API arcpool_driver_kind_t arcpool_allocator_driver(const arcpool_allocator_t* allocator);
+
+/** Returns the device ordinal of `allocator`. Never blocks. */
+ARCPOOL_API int arcpool_allocator_device(const arcpool_allocator_t* allocator);
+
+/**
+ * Returns memory the allocator holds but does not use: completes pending reclaims (blocking on
+ * their fences), then trims the pool to `keep_bytes` reserved (owned pools only). Blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator,
+                                                    size_t keep_bytes);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Streams                                                                                     */
+/* ----------------------------------------------------------------------------------------- */
+
+/** Creates a non-blocking stream (a cudaStream_t on the CUDA driver, a worker on the host
+ * driver) that arcpool knows to be alive until arcpool_stream_destroy. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_stream_create(arcpool_allocator_t* allocator,
+                                                   arcpool_stream_t* out_stream);
+
+/** Destroys a stream made by arcpool_stream_create. Work already queued still runs; fences
+ * arcpool still needs from it are taken first. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_stream_destroy(arcpool_allocator_t* allocator,
+                                                    arcpool_stream_t stream);
+
+/** Blocks until all work queued on `stream` has completed. */
+ARCPOOL_API arcpool_status_t arcpool_stream_synchronize(arcpool_allocator_t* allocator,
+                                                        arcpool_stream_t stream);
+
+/**
+ * Tells `allocator` that the application stream `stream` stays alive until
+ * arcpool_stream_unregister, so arcpool may enqueue on it later (frees routed to it as an
+ * origin, fences for uses recorded on it taken at deallocation time). Registering twice is a
+ * no-op. Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_stream_register(arcpool_allocator_t* allocator,
+                                                     arcpool_stream_t stream);
+
+/** Withdraws a registration: first takes any fence arcpool still needs from `stream`, after
+ * which arcpool never touches it again. INVALID_ARGUMENT if it was not registered. Never
+ * blocks. */
+ARCPOOL_API arcpool_status_t arcpool_stream_unregister(arcpool_allocator_t* allocator,
+                                                       arcpool_stream_t stream);
+
+/** A function run in stream order by arcpool_stream_launch_host_func. */
+typedef void (*arcpool_host_fn_t)(void* user_data);
+
+/**
+ * Enqueues `fn(user_data)` on `stream` (cudaLaunchHostFunc on the CUDA driver; on the host
+ * driver the way work is done on a stream). `fn` must not call arcpool or CUDA. Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_stream_launch_host_func(arcpool_allocator_t* allocator,
+                                                             arcpool_stream_t stream,
+                                                             arcpool_host_fn_t fn, void* user_data);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Allocations                                                                                 */
+/* ----------------------------------------------------------------------------------------- */
+
+/** Flags of arcpool_allocate_async. */
+typedef enum arcpool_allocation_flags_t {
+  ARCPOOL_ALLOCATION_FLAG_NONE = 0,
+  /** Nobody can know when the memory is safe to free: a stream-ordered deallocation enqueues
+   * nothing and the memory goes back when the last reference is released and every fence it
+   * holds has completed. */
+  ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME = 1u << 0
+} arcpool_allocation_flags_t;
+
+/** Default and maximum supported alignment of arcpool_allocate_async. */
+#define ARCPOOL_DEFAULT_ALIGNMENT ((size_t)256)
+#define ARCPOOL_MAX_ALIGNMENT ((size_t)1 << 21)
+
+/**
+ * Allocates `size` bytes aligned to `alignment` (0: 256; a power of two up to
+ * ARCPOOL_MAX_ALIGNMENT) in stream order on `stream`, which becomes the allocation's origin
+ * and current stream. On success `*out_allocation` holds one owner claim and one reference.
+ * Zero bytes give a valid allocation whose data pointer is NULL. OUT_OF_MEMORY (after
+ * flushing caches, completing pending reclaims, one retry and the options' callback) leaves
+ * the allocator usable; UNSUPPORTED if `stream` is capturing a graph. Never blocks, except
+ * on the out-of-memory path.
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocate_async(arcpool_allocator_t* allocator, size_t size,
+                                                    size_t alignment, arcpool_stream_t stream,
+                                                    uint32_t flags,
+                                                    arcpool_allocation_t** out_allocation);
+
+/** Flags of arcpool_deallocate_async. At most one routing flag may be set. */
+typedef enum arcpool_deallocate_flags_t {
+  ARCPOOL_DEALLOCATE_FLAG_NONE = 0,
+  /** Deallocate even while other owners remain; their later calls get ALREADY_DEALLOCATED. */
+  ARCPOOL_DEALLOCATE_FLAG_FORCE = 1u << 0,
+  /** Routing override: ARCPOOL_ROUTING_WAIT_AND_FREE for this call. */
+  ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE = 1u << 1,
+  /** Routing override: ARCPOOL_ROUTING_PREFER_ORIGIN for this call. */
+  ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN = 1u << 2,
+  /** Routing override: ARCPOOL_ROUTING_DEFERRED for this call. */
+  ARCPOOL_DEALLOCATE_FLAG_DEFERRED = 1u << 3
+} arcpool_deallocate_flags_t;
+
+/**
+ * Deallocates in stream order, ordered after all work queued so far on `stream`, on the
+ * current stream and on every recorded-use stream (DESIGN.md §4). Consumes the caller's claim
+ * when it is the only owner (or the allocation is UNOWNED); NOT_OWNER while other owners
+ * remain (unless FORCE); ALREADY_DEALLOCATED the second time. The handle's reference is not
+ * released: call arcpool_allocation_release. Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_deallocate_async(arcpool_allocation_t* allocation,
+                                                      arcpool_stream_t stream, uint32_t flags);
+
+/** Adds an owner claim. NOT_OWNER at owner count 0 (never resurrects); ALREADY_DEALLOCATED
+ * after deallocation. Lock-free; never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocation_preserve(arcpool_allocation_t* allocation);
+
+/**
+ * Removes one owner claim. `*out_was_last` (may be NULL) is set to 1 if the caller was the
+ * last owner and must now deallocate, else 0. NOT_OWNER at owner count 0 (never wraps);
+ * ALREADY_DEALLOCATED after deallocation. Lock-free; never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocation_discard(arcpool_allocation_t* allocation,
+                                                        int* out_was_last);
+
+/** Returns 1 if the allocation is live with exactly one owner (the caller may reuse it in
+ * place after transferring it to the writing stream), else 0 (also for NULL). Never blocks. */
+ARCPOOL_API int arcpool_allocation_is_terminal(const arcpool_allocation_t* allocation);
+
+/** Discards one claim and releases one reference; if the claim was the last, first
+ * deallocates on the allocation's current stream with the default routing. What the C++
+ * handles do on destruction. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocation_discard_and_release(
+    arcpool_allocation_t* allocation);
+
+/** Adds a reference to the handle (not a claim). Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocation_retain(arcpool_allocation_t* allocation);
+
+/**
+ * Releases a reference. When the last reference to an allocation goes: a deallocated record is
+ * freed (indeterminate and imported memory goes back now, once its fences complete); a live
+ * or unowned allocation is a leaked owner and is freed stream-ordered as an implicit free
+ * (counted). NULL is a no-op. Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocation_release(arcpool_allocation_t* allocation);
+
+/** Placement flags: immutable facts recorded at allocation time. */
+typedef enum arcpool_placement_flags_t {
+  /** Stream-ordered: may be freed by a stream-ordered deallocation. */
+  ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS = 1u << 0,
+  /** See ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME. */
+  ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME = 1u << 1,
+  /** Imported: arcpool never frees the memory; it calls the importer's on_free. */
+  ARCPOOL_PLACEMENT_FLAG_EXTERNAL = 1u << 2
+} arcpool_placement_flags_t;
+
+/** Version of arcpool_placement_t this header describes. */
+#define ARCPOOL_PLACEMENT_VERSION 1
+
+/** Immutable placement of an allocation. */
+typedef struct arcpool_placement_t {
+  size_t struct_size;             /**< set by the caller: sizeof(arcpool_placement_t) */
+  uint32_t version;               /**< set by the caller: ARCPOOL_PLACEMENT_VERSION */
+  int device;                     /**< origin device */
+  arcpool_stream_t origin_stream; /**< origin stream handle as passed at allocation */
+  uint64_t origin_stream_id;      /**< origin stream identity (cudaStreamGetId) */
+  uint32_t flags;                 /**< arcpool_placement_flags_t bits */
+  size_t size;                    /**< requested bytes of the allocation */
+  size_t alignment;               /**< alignment of the data pointer */
+} arcpool_placement_t;
+
+/** Reads the placement of `allocation` (of its allocation, for a view). Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocation_placement(const arcpool_allocation_t* allocation,
+                                                          arcpool_placement_t* out_placement);
+
+/** Ownership state (DESIGN.md §3). */
+typedef enum arcpool_allocation_state_t {
+  ARCPOOL_ALLOCATION_LIVE = 0,        /**< owner count >= 1, not deallocated */
+  ARCPOOL_ALLOCATION_UNOWNED = 1,     /**< the last owner discarded; a deallocation is due */
+  ARCPOOL_ALLOCATION_DEALLOCATED = 2, /**< the one deallocation was accepted */
+  ARCPOOL_ALLOCATION_EXPORTED = 3     /**< handed out as a raw pointer; arcpool won't free it */
+} arcpool_allocation_state_t;
+
+/** Version of arcpool_allocation_info_t this header describes. */
+#define ARCPOOL_ALLOCATION_INFO_VERSION 1
+
+/** A snapshot of an allocation's mutable state, for diagnostics and tests. */
+typedef struct arcpool_allocation_info_t {
+  size_t struct_size;                 /**< set by the caller */
+  uint32_t version;                   /**< set by the caller: ARCPOOL_ALLOCATION_INFO_VERSION */
+  arcpool_allocation_state_t state;   /**< ownership state */
+  uint32_t owners;                    /**< owner count P */
+  uint32_t references;                /**< reference count R of the allocation record */
+  uint64_t current_stream_id;         /**< identity of the current stream */
+  arcpool_stream_t current_stream;    /**< current stream handle */
+  uint32_t use_records;               /**< number of recorded-use streams */
+  uint64_t id;                        /**< allocation serial number, unique per process */
+} arcpool_allocation_info_t;
+
+/** Reads a snapshot of `allocation`'s state (of its allocation, for a view). Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocation_info(const arcpool_allocation_t* allocation,
+                                                     arcpool_allocation_info_t* out_info);
+
+/** Writes the data pointer (the view's start, for a view; NULL for zero bytes).
+ * ALREADY_DEALLOCATED after deallocation or export. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocation_data(const arcpool_allocation_t* allocation,
+                                                     void** out_data);
+
+/** Returns the size in bytes (of the view, for a view); 0 for NULL. Never blocks. */
+ARCPOOL_API size_t arcpool_allocation_size(const arcpool_allocation_t* allocation);
+
+/**
+ * Makes a view of bytes [offset, offset + size) of `allocation` (offsets of a view are
+ * relative to it). The view holds one reference to the allocation and no claim; every
+ * ownership call on it acts on the allocation. Release it with arcpool_allocation_release.
+ * INVALID_ARGUMENT if the range is out of bounds. Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocation_view(arcpool_allocation_t* allocation,
+                                                     size_t offset, size_t size,
+                                                     arcpool_allocation_t** out_view);
+
+/**
+ * Hands the memory out as a raw pointer: if the caller is the only owner (or the allocation
+ * is UNOWNED), the current stream waits on every recorded use, the state becomes EXPORTED and
+ * arcpool never frees the memory: the caller frees it with cudaFreeAsync on a stream ordered
+ * after the current stream (host driver: free()). NOT_OWNER with other owners; UNSUPPORTED
+ * for alignments above 256 (the data pointer is not the pool's pointer). Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocation_export(arcpool_allocation_t* allocation,
+                                                       void** out_pointer);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Streams of an allocation                                                                    */
+/* ----------------------------------------------------------------------------------------- */
+
+/**
+ * Hands the allocation to `to_stream`: `to_stream` waits on fences of the current stream and
+ * of every recorded-use stream, the use records are cleared and `to_stream` becomes the current
+ * stream. The previous streams must not touch the memory afterwards. Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_transfer(arcpool_allocation_t* allocation,
+                                              arcpool_stream_t to_stream);
+
+/**
+ * Records that `stream` also uses the allocation: its deallocation (and any transfer) is
+ * ordered after `stream`'s work. For a stream arcpool knows alive (created or registered) the
+ * fence is taken at deallocation; for any other stream it is taken now, and later work on
+ * that stream is not covered. Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_record_use(arcpool_allocation_t* allocation,
+                                                arcpool_stream_t stream);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Imports                                                                                     */
+/* ----------------------------------------------------------------------------------------- */
+
+/** Called exactly once when arcpool no longer uses imported memory (every fence complete),
+ * outside arcpool's locks and never from a CUDA host callback. May call arcpool. */
+typedef void (*arcpool_on_free_t)(void* pointer, size_t size, void* user_data);
+
+/** Flags of arcpool_import. */
+typedef enum arcpool_import_flags_t {
+  ARCPOOL_IMPORT_FLAG_NONE = 0,
+  /** Move the foreign owner's claim in: `on_free` is then the free itself and is called exactly
+   * once whatever happens, including immediately when the import call fails. Requires
+   * `on_free`. Without it the import borrows: on_free (optional) only reports that arcpool's
+   * uses completed, and a failed import calls nothing. */
+  ARCPOOL_IMPORT_FLAG_CONSUME = 1u << 0,
+  /** As ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME. */
+  ARCPOOL_IMPORT_FLAG_INDETERMINATE_LIFETIME = 1u << 1
+} arcpool_import_flags_t;
+
+/**
+ * Wraps foreign memory [pointer, pointer + size) as an EXTERNAL allocation whose origin and
+ * current stream is `stream`, with one claim and one reference in `*out_allocation`. arcpool
+ * never frees it; where it would, it calls `on_free(pointer, size, user_data)` once. Never
+ * blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_import(arcpool_allocator_t* allocator, void* pointer,
+                                            size_t size, arcpool_stream_t stream, uint32_t flags,
+                                            arcpool_on_free_t on_free, void* user_data,
+                                            arcpool_allocation_t** out_allocation);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Raw-pointer entry points (frameworks)                                                       */
+/* ----------------------------------------------------------------------------------------- */
+
+/** Sets the allocator serving the raw-pointer entry points for `device` (NULL restores the
+ * lazily created default). arcpool keeps its own reference; the caller may destroy its handle.
+ * Allocations made by the previous allocator stay valid. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_default_allocator_set(int device,
+                                                           arcpool_allocator_t* allocator);
+
+/** Returns the allocator serving `device`'s raw-pointer entry points, creating it with default
+ * options on first use. The pointer is borrowed: do not destroy it. May block on creation. */
+ARCPOOL_API arcpool_status_t arcpool_default_allocator_get(int device,
+                                                           arcpool_allocator_t** out_allocator);
+
+/**
+ * Allocates `size` bytes on `stream` from `device`'s default allocator and returns the data
+ * pointer; NULL on failure (see arcpool_last_error) and for zero bytes. Never blocks (except
+ * on the out-of-memory path). The signature PyTorch's CUDAPluggableAllocator calls.
+ */
+ARCPOOL_API void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream);
+
+/**
+ * Deallocates the allocation containing `pointer` (interior pointers resolve to their
+ * allocation) in stream order on `stream`. NULL is a no-op. UNKNOWN_POINTER if no live
+ * by-pointer allocation of `device`'s default allocator contains it: a double free is detected
+ * only while the address has not been handed out again. `size` is informational. Never
+ * blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_free_async(void* pointer, size_t size, int device,
+                                                arcpool_stream_t stream);
+
+/** arcpool_record_use for the by-pointer allocation containing `pointer`, searched in every
+ * device's default allocator. UNKNOWN_POINTER if none contains it. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Statistics                                                                                  */
+/* ----------------------------------------------------------------------------------------- */
+
+/** Gauges: each has a `_current` and a `_peak` field in arcpool_stats_t. */
+#define ARCPOOL_STATS_GAUGES(X)                                                          \
+  X(bytes_in_use, "bytes of live allocations (requested sizes)")                          \
+  X(allocations_in_use, "live allocations")                                               \
+  X(bytes_held, "bytes taken from the pool and not yet given back (live plus pending)") \
+  X(bytes_pending_free, "bytes deallocated whose free waits on the reclaim worker")
+
+/** Counters: each is one uint64_t field of arcpool_stats_t. */
+#define ARCPOOL_STATS_COUNTERS(X)                                                         \
+  X(allocations, "successful allocations")                                                 \
+  X(deallocations, "accepted deallocations (explicit)")                                    \
+  X(frees, "blocks returned to the pool")                                                  \
+  X(same_stream_frees, "deallocations freed directly on the origin stream")                \
+  X(cross_stream_frees, "deallocations involving another stream than the origin")          \
+  X(origin_routed_frees, "frees that ran on the origin stream for another stream")         \
+  X(origin_fallbacks, "prefer-origin frees whose origin was not provably alive")           \
+  X(deferred_frees, "frees queued on the reclaim worker")                                  \
+  X(transfers, "transfers")                                                                \
+  X(use_records, "use records added")                                                      \
+  X(fences_taken, "fences (event records) taken")                                          \
+  X(ignored_deallocations, "deallocations of indeterminate-lifetime memory")               \
+  X(implicit_frees, "leaked owners freed when the last reference went")                    \
+  X(imports, "imported allocations")                                                       \
+  X(exports, "exported allocations")                                                       \
+  X(oom_retries, "allocations retried after flushing and reclaiming")                      \
+  X(oom_failures, "allocations that failed with OUT_OF_MEMORY")                           \
+  X(reclaim_failures, "deferred frees abandoned because a CUDA call failed")
+
+/** Version of arcpool_stats_t this header describes. */
+#define ARCPOOL_STATS_VERSION 1
+
+/** Statistics of one allocator (DESIGN.md §11). Field list: ARCPOOL_STATS_GAUGES and
+ * ARCPOOL_STATS_COUNTERS, then the pool's figures. */
+typedef struct arcpool_stats_t {
+  size_t struct_size; /**< set by the caller: sizeof(arcpool_stats_t) */
+  uint32_t version;   /**< set by the caller: ARCPOOL_STATS_VERSION */
+#define ARCPOOL_STATS_GAUGE_FIELDS_(name, doc) \
+  uint64_t name##_current;                     \
+  uint64_t name##_peak;
+  ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_GAUGE_FIELDS_)
+#undef ARCPOOL_STATS_GAUGE_FIELDS_
+#define ARCPOOL_STATS_COUNTER_FIELDS_(name, doc) uint64_t name;
+  ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_COUNTER_FIELDS_)
+#undef ARCPOOL_STATS_COUNTER_FIELDS_
+  uint64_t pool_reserved_bytes_current; /**< bytes the pool has mapped now */
+  uint64_t pool_reserved_bytes_peak;    /**< highest pool_reserved_bytes_current */
+  uint64_t pool_used_bytes_current;     /**< bytes of the pool handed out now */
+} arcpool_stats_t;
+
+/** Reads the statistics of `allocator`. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_stats_get(const arcpool_allocator_t* allocator,
+                                               arcpool_stats_t* out_stats);
+
+/** Resets every `_peak` gauge to its current value. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allocator);
+
+/**
+ * Writes the statistics as one JSON object into `buffer` (NUL-terminated, truncated to
+ * `capacity`); `*out_length` (may be NULL) receives the full length without the NUL, so a call
+ * with capacity 0 sizes the buffer. Never blocks.
+ */
+ARCPOOL_API arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator,
+                                                char* buffer, size_t capacity,
+                                                size_t* out_length);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ARCPOOL_ARCPOOL_H_ */

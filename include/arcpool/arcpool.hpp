@@ -1,0 +1,316 @@
+// arcpool — C++ API: inline, header-only wrappers over the C ABI (arcpool.h), so no C++ type
+// crosses the shared library's boundary.
+//
+// Ordering contract: as arcpool.h. `_async` members are stream-ordered and never block the
+// host; members without the suffix either touch no stream or say that they block.
+// Errors: members throw arcpool::error (arcpool::out_of_memory, a std::bad_alloc, for
+// OUT_OF_MEMORY). Destructors never throw and never fail.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "arcpool/arcpool.h"
+
+namespace arcpool {
+
+/// A stream: a cudaStream_t (or a host-driver stream).
+using stream_t = arcpool_stream_t;
+
+/// A failed arcpool call: the status and the message arcpool_last_error() gave.
+class error : public std::runtime_error {
+ public:
+  error(arcpool_status_t status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  /// The C status.
+  arcpool_status_t status() const noexcept { return status_; }
+
+ private:
+  arcpool_status_t status_;
+};
+
+/// OUT_OF_MEMORY: the message names the bytes and the pool's figures.
+class out_of_memory : public std::bad_alloc {
+ public:
+  explicit out_of_memory(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+namespace detail {
+/// Throws the exception for a failed `status`, with the calling thread's last error.
+[[noreturn]] inline void throw_status(arcpool_status_t status) {
+  std::string message = arcpool_last_error();
+  if (message.empty()) message = arcpool_status_string(status);
+  if (status == ARCPOOL_STATUS_OUT_OF_MEMORY) throw out_of_memory(message);
+  throw error(status, message);
+}
+/// Throws unless `status` is success.
+inline void check(arcpool_status_t status) {
+  if (status != ARCPOOL_STATUS_SUCCESS) throw_status(status);
+}
+}  // namespace detail
+
+/// Options of an allocator, initialized to the documented defaults.
+struct allocator_options : arcpool_allocator_options_t {
+  allocator_options() noexcept { arcpool_allocator_options_init(this); }
+};
+
+/// A view of part of an allocation: one reference, no claim. Move-only.
+class buffer_view {
+ public:
+  buffer_view() noexcept = default;
+  /// Adopts a view handle (its reference).
+  explicit buffer_view(arcpool_allocation_t* handle) noexcept : handle_(handle) {}
+  buffer_view(buffer_view&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  buffer_view& operator=(buffer_view&& other) noexcept {
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  ~buffer_view() { arcpool_allocation_release(handle_); }
+
+  /// First byte of the view. Throws ALREADY_DEALLOCATED once the allocation is gone.
+  void* data() const {
+    void* p = nullptr;
+    detail::check(arcpool_allocation_data(handle_, &p));
+    return p;
+  }
+  /// Bytes of the view.
+  size_t size() const noexcept { return arcpool_allocation_size(handle_); }
+  /// The C handle (borrowed).
+  arcpool_allocation_t* get() const noexcept { return handle_; }
+
+ private:
+  arcpool_allocation_t* handle_ = nullptr;
+};
+
+class shared_buffer;
+
+/// Common members of buffer and shared_buffer: one claim and one reference on an allocation.
+class buffer_base {
+ public:
+  /// First byte (NULL for zero bytes).
+  void* data() const {
+    void* p = nullptr;
+    detail::check(arcpool_allocation_data(handle_, &p));
+    return p;
+  }
+  /// Requested bytes.
+  size_t size() const noexcept { return arcpool_allocation_size(handle_); }
+  /// True while the handle holds an allocation.
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+  /// True if this is the only owner (the memory may be reused in place after transfer_to).
+  bool is_terminal() const noexcept { return arcpool_allocation_is_terminal(handle_) != 0; }
+  /// The C handle (borrowed).
+  arcpool_allocation_t* get() const noexcept { return handle_; }
+
+  /// Hands the allocation to `s` with fences (arcpool_transfer). Never blocks.
+  void transfer_to(stream_t s) { detail::check(arcpool_transfer(handle_, s)); }
+  /// Records that `s` also uses the allocation (arcpool_record_use). Never blocks.
+  void record_use(stream_t s) { detail::check(arcpool_record_use(handle_, s)); }
+  /// A view of bytes [offset, offset + n). Holds a reference, no claim.
+  buffer_view view(size_t offset, size_t n) const {
+    arcpool_allocation_t* v = nullptr;
+    detail::check(arcpool_allocation_view(handle_, offset, n, &v));
+    return buffer_view(v);
+  }
+  /// Placement (origin stream, flags, ...).
+  arcpool_placement_t placement() const {
+    arcpool_placement_t p{};
+    p.struct_size = sizeof(p);
+    p.version = ARCPOOL_PLACEMENT_VERSION;
+    detail::check(arcpool_allocation_placement(handle_, &p));
+    return p;
+  }
+
+  /// Deallocates on `s` (arcpool_deallocate_async) and gives up the handle. Throws NOT_OWNER
+  /// while other owners remain (unless FORCE); the handle is kept on failure. Never blocks.
+  void deallocate_async(stream_t s, uint32_t flags = 0) {
+    detail::check(arcpool_deallocate_async(handle_, s, flags));
+    arcpool_allocation_release(std::exchange(handle_, nullptr));
+  }
+
+  /// Drops the claim and the reference (deallocating on the current stream if the claim was
+  /// the last). Never throws.
+  void reset() noexcept {
+    if (handle_ != nullptr) arcpool_allocation_discard_and_release(std::exchange(handle_, nullptr));
+  }
+
+ protected:
+  buffer_base() noexcept = default;
+  explicit buffer_base(arcpool_allocation_t* handle) noexcept : handle_(handle) {}
+  ~buffer_base() { reset(); }
+
+  arcpool_allocation_t* handle_ = nullptr;
+};
+
+/// The sole claim on an allocation, like std::unique_ptr. Destroying it deallocates on the
+/// allocation's current stream. Move-only.
+class buffer : public buffer_base {
+ public:
+  buffer() noexcept = default;
+  /// Adopts a handle holding one claim and one reference.
+  explicit buffer(arcpool_allocation_t* handle) noexcept : buffer_base(handle) {}
+  buffer(buffer&& other) noexcept : buffer_base(std::exchange(other.handle_, nullptr)) {}
+  buffer& operator=(buffer&& other) noexcept {
+    reset();
+    handle_ = std::exchange(other.handle_, nullptr);
+    return *this;
+  }
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+
+  /// Turns the claim into a copyable shared one.
+  shared_buffer share() &&;
+
+  /// Exports the memory as a raw pointer the caller now frees (arcpool_allocation_export).
+  void* export_pointer() && {
+    void* p = nullptr;
+    detail::check(arcpool_allocation_export(handle_, &p));
+    arcpool_allocation_release(std::exchange(handle_, nullptr));
+    return p;
+  }
+
+  /// Gives up the handle (its claim and reference) to the caller.
+  arcpool_allocation_t* detach() noexcept { return std::exchange(handle_, nullptr); }
+};
+
+/// One of several claims on an allocation, like std::shared_ptr: a copy is a preserve.
+/// Whichever drops the last claim deallocates on the current stream.
+class shared_buffer : public buffer_base {
+ public:
+  shared_buffer() noexcept = default;
+  /// Adopts a handle holding one claim and one reference.
+  explicit shared_buffer(arcpool_allocation_t* handle) noexcept : buffer_base(handle) {}
+  /// Adds a claim (preserve) and a reference. Throws if the allocation was force-deallocated.
+  shared_buffer(const shared_buffer& other) : buffer_base() {
+    if (other.handle_ != nullptr) {
+      detail::check(arcpool_allocation_preserve(other.handle_));
+      arcpool_allocation_retain(other.handle_);
+      handle_ = other.handle_;
+    }
+  }
+  shared_buffer(shared_buffer&& other) noexcept
+      : buffer_base(std::exchange(other.handle_, nullptr)) {}
+  shared_buffer& operator=(shared_buffer other) noexcept {
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+};
+
+inline shared_buffer buffer::share() && { return shared_buffer(detach()); }
+
+/// A stream created by an allocator (a non-blocking cudaStream_t, or a host worker), which
+/// arcpool knows to be alive until this object is destroyed. Move-only.
+class stream {
+ public:
+  stream() noexcept = default;
+  stream(arcpool_allocator_t* allocator, stream_t handle) noexcept
+      : allocator_(allocator), handle_(handle) {}
+  stream(stream&& other) noexcept
+      : allocator_(std::exchange(other.allocator_, nullptr)),
+        handle_(std::exchange(other.handle_, nullptr)) {}
+  stream& operator=(stream&& other) noexcept {
+    std::swap(allocator_, other.allocator_);
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  ~stream() {
+    if (allocator_ != nullptr) arcpool_stream_destroy(allocator_, handle_);
+  }
+  /// The stream handle (a cudaStream_t on the CUDA driver).
+  stream_t get() const noexcept { return handle_; }
+  operator stream_t() const noexcept { return handle_; }
+  /// Blocks until the stream's work has completed.
+  void synchronize() const { detail::check(arcpool_stream_synchronize(allocator_, handle_)); }
+
+ private:
+  arcpool_allocator_t* allocator_ = nullptr;
+  stream_t handle_ = nullptr;
+};
+
+/// An allocator for one device. Owns its C handle; live buffers keep the underlying allocator
+/// alive after this object is gone. Move-only.
+class allocator {
+ public:
+  /// Default options (device 0, AUTO driver).
+  allocator() : allocator(allocator_options{}) {}
+  explicit allocator(const arcpool_allocator_options_t& options) {
+    detail::check(arcpool_allocator_create(&options, &handle_));
+  }
+  allocator(allocator&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  allocator& operator=(allocator&& other) noexcept {
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  ~allocator() { arcpool_allocator_destroy(handle_); }
+
+  /// The C handle (borrowed).
+  arcpool_allocator_t* get() const noexcept { return handle_; }
+  /// The driver serving it (CUDA or HOST).
+  arcpool_driver_kind_t driver() const noexcept { return arcpool_allocator_driver(handle_); }
+  /// The device ordinal.
+  int device() const noexcept { return arcpool_allocator_device(handle_); }
+
+  /// Allocates `bytes` on `s` (arcpool_allocate_async). Never blocks (except when out of
+  /// memory). Throws out_of_memory.
+  buffer allocate_async(size_t bytes, stream_t s, size_t alignment = 0, uint32_t flags = 0) {
+    arcpool_allocation_t* h = nullptr;
+    detail::check(arcpool_allocate_async(handle_, bytes, alignment, s, flags, &h));
+    return buffer(h);
+  }
+
+  /// Wraps foreign memory (arcpool_import).
+  buffer import(void* pointer, size_t bytes, stream_t s, uint32_t flags, arcpool_on_free_t on_free,
+                void* user_data) {
+    arcpool_allocation_t* h = nullptr;
+    detail::check(arcpool_import(handle_, pointer, bytes, s, flags, on_free, user_data, &h));
+    return buffer(h);
+  }
+
+  /// Creates a stream arcpool knows alive until the returned object is destroyed.
+  stream create_stream() {
+    stream_t s = nullptr;
+    detail::check(arcpool_stream_create(handle_, &s));
+    return stream(handle_, s);
+  }
+  /// See arcpool_stream_register.
+  void register_stream(stream_t s) { detail::check(arcpool_stream_register(handle_, s)); }
+  /// See arcpool_stream_unregister.
+  void unregister_stream(stream_t s) { detail::check(arcpool_stream_unregister(handle_, s)); }
+  /// Blocks until `s`'s work has completed.
+  void synchronize(stream_t s) { detail::check(arcpool_stream_synchronize(handle_, s)); }
+
+  /// Statistics.
+  arcpool_stats_t stats() const {
+    arcpool_stats_t s{};
+    s.struct_size = sizeof(s);
+    s.version = ARCPOOL_STATS_VERSION;
+    detail::check(arcpool_stats_get(handle_, &s));
+    return s;
+  }
+  /// Statistics as a JSON object.
+  std::string stats_json() const {
+    size_t length = 0;
+    detail::check(arcpool_stats_json(handle_, nullptr, 0, &length));
+    std::string json(length + 1, '\0');
+    detail::check(arcpool_stats_json(handle_, json.data(), json.size(), &length));
+    json.resize(length);
+    return json;
+  }
+  /// Resets every peak to its current value.
+  void reset_peaks() { detail::check(arcpool_stats_reset_peaks(handle_)); }
+  /// Completes pending reclaims and trims the pool. Blocks.
+  void trim(size_t keep_bytes = 0) { detail::check(arcpool_allocator_trim(handle_, keep_bytes)); }
+
+ private:
+  arcpool_allocator_t* handle_ = nullptr;
+};
+
+}  // namespace arcpool

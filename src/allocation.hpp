@@ -1,0 +1,94 @@
+// The control record of one allocation, and the C handle type (an allocation or a view).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "arcpool/arcpool.h"
+#include "fence.hpp"
+#include "ownership.hpp"
+#include "refcount.hpp"
+#include "stream.hpp"
+
+namespace arcpool::detail {
+class allocation;
+class allocator;
+}  // namespace arcpool::detail
+
+/// The C handle. The primary handle of an allocation is its control record itself; a view is a
+/// small separate object holding one reference to the record and no claim.
+struct arcpool_allocation {
+  arcpool::detail::allocation* const record;  ///< the allocation every ownership call acts on
+  const size_t offset;                        ///< start of this handle's bytes within the data
+  const size_t size;                          ///< bytes of this handle's range
+  const bool is_view;
+  arcpool::detail::refcount view_refs{1};  ///< a view's own references (unused otherwise)
+
+  arcpool_allocation(arcpool::detail::allocation* r, size_t off, size_t n, bool view) noexcept
+      : record(r), offset(off), size(n), is_view(view) {}
+};
+
+namespace arcpool::detail {
+
+/// "Stream S also uses this allocation". `fence` is null while S is provably alive (the fence
+/// is then taken at deallocation or transfer); otherwise it was taken at record time.
+struct use_record {
+  stream_ref stream;
+  fence_ref fence;
+};
+
+/// Immutable facts and mutable ownership of one block of memory (DESIGN.md §3).
+class allocation final : public arcpool_allocation {
+ public:
+  /// What the allocator knows at creation.
+  struct params {
+    uint64_t serial = 0;
+    stream_ref origin;
+    uint32_t placement_flags = 0;
+    size_t size = 0;
+    size_t alignment = 0;
+    void* base = nullptr;   ///< the pool's pointer (or the imported pointer)
+    void* data = nullptr;   ///< base aligned up to `alignment`
+    size_t held_bytes = 0;  ///< bytes taken from the pool for it (0 for imports)
+    arcpool_on_free_t on_free = nullptr;
+    void* on_free_user_data = nullptr;
+  };
+
+  allocation(allocator& owner, params p);
+
+  allocator& owner;  ///< holds one reference to the allocator while the record exists
+  const params placement;
+
+  refcount refs{1};  ///< R: handles that keep this record readable
+  ownership owners;  ///< P and the ownership state
+
+  std::mutex mutex;                     ///< guards the fields below
+  stream_ref current;                   ///< the stream the memory may be used on now
+  std::vector<use_record> uses;         ///< other streams using it
+  std::vector<fence_ref> held_fences;   ///< indeterminate lifetime: fences of the deallocation
+
+  bool indeterminate() const noexcept {
+    return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;
+  }
+  bool external() const noexcept {
+    return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_EXTERNAL;
+  }
+
+  /// Adds a reference (R).
+  void retain() noexcept { refs.increment(); }
+  /// Drops a reference; the last one hands the record to its allocator (DESIGN.md §3, R = 0).
+  void release() noexcept;
+
+  /// "allocation #12 (4096 bytes at 0x7f..)", for messages.
+  std::string describe() const;
+};
+
+/// Releases one reference through a handle: a view's own count, else the record's.
+void release_handle(arcpool_allocation* handle) noexcept;
+
+/// Adds one reference through a handle.
+void retain_handle(arcpool_allocation* handle) noexcept;
+
+}  // namespace arcpool::detail

@@ -1,0 +1,683 @@
+#include "allocator.hpp"
+
+#include <algorithm>
+#include <new>
+#include <thread>
+
+#include "process_exit.hpp"
+#include "status.hpp"
+
+namespace arcpool::detail {
+namespace {
+
+constexpr size_t kPoolAlignment = ARCPOOL_DEFAULT_ALIGNMENT;
+
+constexpr uint32_t kRoutingFlags = ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE |
+                                   ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN |
+                                   ARCPOOL_DEALLOCATE_FLAG_DEFERRED;
+constexpr uint32_t kDeallocateFlags = ARCPOOL_DEALLOCATE_FLAG_FORCE | kRoutingFlags;
+
+bool is_power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+void* align_up(void* p, size_t alignment) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<void*>((v + alignment - 1) & ~(uintptr_t{alignment} - 1));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Lifetime
+
+arcpool_status_t allocator::create(const allocator_config& config, allocator** out) {
+  std::unique_ptr<driver> drv;
+  ARCPOOL_RETURN_IF_ERROR(make_driver(config.driver, &drv));
+  *out = new allocator(config, std::move(drv));
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv)
+    : config_(config),
+      driver_(std::move(drv)),
+      events_(*driver_, config.event_pool_capacity),
+      reclaimer_(*driver_, stats_) {}
+
+allocator::~allocator() {
+  // Streams arcpool created die with it; registered ones are only forgotten.
+  for (auto& [id, entry] : streams_.take_all()) {
+    if (entry->created() && !process_exiting()) driver_->stream_destroy(entry->handle());
+  }
+}
+
+void allocator::release() noexcept {
+  if (!refs_.decrement()) return;
+  // Teardown joins the reclaim worker; when the last reference went from inside one of its
+  // on_free callbacks, tear down from another thread.
+  if (reclaimer_.on_worker_thread()) {
+    std::thread([this] { delete this; }).detach();
+  } else {
+    delete this;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams
+
+arcpool_status_t allocator::resolve_stream(stream_handle s, stream_ref* out) {
+  out->handle = s;
+  if (s == legacy_default_stream() || s == legacy_stream_alias()) {
+    out->kind = stream_kind::legacy_default;
+  } else if (s == per_thread_default_stream()) {
+    out->kind = stream_kind::per_thread_default;
+  } else {
+    out->kind = stream_kind::application;
+  }
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_id(s, &out->id));
+  if (out->kind == stream_kind::application) out->entry = streams_.find(out->id);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::check_not_capturing(const stream_ref& s, const char* what) {
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &capturing));
+  if (capturing) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "%s: stream %p (id %llu) is capturing a CUDA graph; arcpool does not support "
+                "graph capture yet",
+                what, static_cast<void*>(s.handle), static_cast<unsigned long long>(s.id));
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::create_stream(stream_handle* out) {
+  stream_handle s = nullptr;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_create(&s));
+  uint64_t id = 0;
+  if (arcpool_status_t status = driver_->stream_id(s, &id); status != ARCPOOL_STATUS_SUCCESS) {
+    driver_->stream_destroy(s);
+    return status;
+  }
+  streams_.add(std::make_shared<stream_entry>(s, id, /*created=*/true));
+  *out = s;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::destroy_stream(stream_handle s) {
+  stream_ref ref;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &ref));
+  if (!ref.entry || !ref.entry->created()) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "stream %p was not created by this allocator (arcpool_stream_create)",
+                static_cast<void*>(s));
+  }
+  ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
+  streams_.remove(ref.id);
+  return driver_->stream_destroy(s);
+}
+
+arcpool_status_t allocator::register_stream(stream_handle s) {
+  stream_ref ref;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &ref));
+  if (ref.kind != stream_kind::application) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "stream %p is a default stream: the legacy default stream is enqueued on only "
+                "when passed, and a per-thread default stream is a different stream on every "
+                "thread",
+                static_cast<void*>(s));
+  }
+  if (ref.entry) return ARCPOOL_STATUS_SUCCESS;  // already known
+  streams_.add(std::make_shared<stream_entry>(s, ref.id, /*created=*/false));
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::unregister_stream(stream_handle s) {
+  stream_ref ref;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &ref));
+  if (!ref.entry || ref.entry->created()) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "stream %p is not registered with this allocator",
+                static_cast<void*>(s));
+  }
+  ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
+  streams_.remove(ref.id);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fences
+
+arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  if (s.entry) {
+    // A created or registered stream: enqueue only while provably alive; once retired, its
+    // final fence covers everything that was queued on it.
+    status = s.entry->with_alive(
+        [&](stream_handle h) {
+          ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
+          return events_.record(h, s.id, out);
+        },
+        ARCPOOL_STATUS_NOT_PERMITTED);
+    if (status == ARCPOOL_STATUS_NOT_PERMITTED) {
+      *out = s.entry->final_fence();
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+  } else {
+    // Passed in this call, or the current stream, which the caller keeps alive (§6).
+    ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
+    status = events_.record(s.handle, s.id, out);
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.fences_taken);
+  return status;
+}
+
+arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* caller,
+                                           uint64_t skip_id, std::vector<fence_ref>* out) {
+  std::vector<uint64_t> seen;
+  seen.reserve(a.uses.size() + 3);
+  seen.push_back(skip_id);
+  auto fresh = [&seen](uint64_t id) {
+    if (std::find(seen.begin(), seen.end(), id) != seen.end()) return false;
+    seen.push_back(id);
+    return true;
+  };
+  auto take = [&](const stream_ref& s) -> arcpool_status_t {
+    if (!fresh(s.id)) return ARCPOOL_STATUS_SUCCESS;
+    fence_ref f;
+    ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
+    out->push_back(std::move(f));
+    return ARCPOOL_STATUS_SUCCESS;
+  };
+  if (caller != nullptr) ARCPOOL_RETURN_IF_ERROR(take(*caller));
+  ARCPOOL_RETURN_IF_ERROR(take(a.current));
+  for (const use_record& u : a.uses) {
+    if (u.fence) {
+      if (fresh(u.stream.id)) out->push_back(u.fence);
+    } else {
+      ARCPOOL_RETURN_IF_ERROR(take(u.stream));
+    }
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::wait_all(stream_handle s, const std::vector<fence_ref>& fences) {
+  for (const fence_ref& f : fences) {
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_wait_event(s, f->event()));
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allocation
+
+arcpool_status_t allocator::try_pool_allocate(size_t bytes, const stream_ref& s, void** out) {
+  if (config_.hard_limit_bytes != 0) {
+    if (!stats_.bytes_held.try_add(bytes, config_.hard_limit_bytes)) {
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached",
+                  config_.hard_limit_bytes);
+    }
+  } else {
+    stats_.bytes_held.add(bytes);
+  }
+  const arcpool_status_t status = driver_->pool_allocate(bytes, s.handle, out);
+  if (status != ARCPOOL_STATUS_SUCCESS) stats_.bytes_held.sub(bytes);
+  return status;
+}
+
+arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested,
+                                               const stream_ref& s, void** out) {
+  arcpool_status_t status = try_pool_allocate(bytes, s, out);
+  if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
+  // Out of memory: complete pending reclaims, retry once, then ask the user's callback.
+  stats::count(stats_.oom_retries);
+  reclaimer_.drain();
+  status = try_pool_allocate(bytes, s, out);
+  while (status == ARCPOOL_STATUS_OUT_OF_MEMORY && config_.on_out_of_memory != nullptr &&
+         config_.on_out_of_memory(requested, config_.on_out_of_memory_user_data) != 0) {
+    status = try_pool_allocate(bytes, s, out);
+  }
+  if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
+  stats::count(stats_.oom_failures);
+  const std::string cause = last_error();
+  const pool_figures pool = driver_->pool_query();
+  return fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
+              "cannot allocate %zu bytes on device %d (stream %p): %s; allocator: %llu bytes in "
+              "use, %llu held, %llu pending free; pool: %llu reserved, %llu used; hard limit %zu",
+              requested, driver_->device(), static_cast<void*>(s.handle), cause.c_str(),
+              static_cast<unsigned long long>(stats_.bytes_in_use.current()),
+              static_cast<unsigned long long>(stats_.bytes_held.current()),
+              static_cast<unsigned long long>(stats_.bytes_pending_free.current()),
+              static_cast<unsigned long long>(pool.reserved_current),
+              static_cast<unsigned long long>(pool.used_current), config_.hard_limit_bytes);
+}
+
+arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s,
+                                     uint32_t flags, allocation** out) {
+  if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
+  if (!is_power_of_two(alignment) || alignment > ARCPOOL_MAX_ALIGNMENT) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "alignment %zu is not a power of two up to %zu", alignment,
+                ARCPOOL_MAX_ALIGNMENT);
+  }
+  if ((flags & ~uint32_t{ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME}) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown allocation flags 0x%x", flags);
+  }
+  allocation::params p;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &p.origin));
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(p.origin, "allocate"));
+  p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS;
+  if (flags & ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME) {
+    p.placement_flags |= ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;
+  }
+  p.size = size;
+  p.alignment = alignment;
+  if (size > 0) {
+    // Alignments above the pool's are served by over-allocating and aligning up.
+    const size_t extra = alignment > kPoolAlignment ? alignment - kPoolAlignment : 0;
+    if (size > SIZE_MAX - extra) {
+      stats::count(stats_.oom_failures);
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t",
+                  size, alignment);
+    }
+    p.held_bytes = size + extra;
+    ARCPOOL_RETURN_IF_ERROR(allocate_from_pool(p.held_bytes, size, p.origin, &p.base));
+    p.data = align_up(p.base, alignment);
+  }
+  p.serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
+  allocation* a = new (std::nothrow) allocation(*this, p);
+  if (a == nullptr) {
+    if (p.base != nullptr) {
+      driver_->pool_free(p.base, p.held_bytes, s);
+      stats_.bytes_held.sub(p.held_bytes);
+    }
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
+  }
+  retain();
+  stats::count(stats_.allocations);
+  stats_.bytes_in_use.add(size);
+  stats_.allocations_in_use.add(1);
+  *out = a;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::import(void* pointer, size_t size, stream_handle s, uint32_t flags,
+                                   arcpool_on_free_t on_free, void* user_data,
+                                   allocation** out) {
+  const bool consume = flags & ARCPOOL_IMPORT_FLAG_CONSUME;
+  // A consuming import owns the foreign claim from the start: every failure frees it.
+  auto failed = [&](arcpool_status_t status) {
+    if (consume && on_free != nullptr) on_free(pointer, size, user_data);
+    return status;
+  };
+  constexpr uint32_t kImportFlags =
+      ARCPOOL_IMPORT_FLAG_CONSUME | ARCPOOL_IMPORT_FLAG_INDETERMINATE_LIFETIME;
+  if ((flags & ~kImportFlags) != 0) {
+    return failed(fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown import flags 0x%x", flags));
+  }
+  if (consume && on_free == nullptr) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "a consuming import needs on_free");
+  }
+  if (pointer == nullptr && size != 0) {
+    return failed(
+        fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "import of %zu bytes at a null pointer", size));
+  }
+  allocation::params p;
+  if (arcpool_status_t status = resolve_stream(s, &p.origin); status != ARCPOOL_STATUS_SUCCESS) {
+    return failed(status);
+  }
+  p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS | ARCPOOL_PLACEMENT_FLAG_EXTERNAL;
+  if (flags & ARCPOOL_IMPORT_FLAG_INDETERMINATE_LIFETIME) {
+    p.placement_flags |= ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;
+  }
+  p.size = size;
+  p.alignment = 1;
+  p.base = pointer;
+  p.data = pointer;
+  p.on_free = on_free;
+  p.on_free_user_data = user_data;
+  p.serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
+  allocation* a = new (std::nothrow) allocation(*this, p);
+  if (a == nullptr) {
+    return failed(fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record"));
+  }
+  retain();
+  stats::count(stats_.imports);
+  *out = a;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ownership
+
+arcpool_status_t allocator::ownership_failure(const allocation& a, ownership_result r,
+                                              const char* what) {
+  switch (r) {
+    case ownership_result::ok:
+      return ARCPOOL_STATUS_SUCCESS;
+    case ownership_result::not_owner: {
+      const ownership::snapshot s = a.owners.load();
+      return fail(ARCPOOL_STATUS_NOT_OWNER, "%s of %s: %s", what, a.describe().c_str(),
+                  s.owners == 0 ? "owner count is 0 (the last owner discarded)"
+                                : "other owners remain (use FORCE to override)");
+    }
+    case ownership_result::already_deallocated: {
+      const bool exported = a.owners.load().st == ARCPOOL_ALLOCATION_EXPORTED;
+      return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "%s of %s: it was already %s", what,
+                  a.describe().c_str(), exported ? "exported" : "deallocated");
+    }
+    case ownership_result::overflow:
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "%s of %s: owner count overflow", what,
+                  a.describe().c_str());
+  }
+  return ARCPOOL_STATUS_INVALID_ARGUMENT;
+}
+
+arcpool_status_t allocator::preserve(allocation& a) {
+  return ownership_failure(a, a.owners.preserve(), "preserve");
+}
+
+arcpool_status_t allocator::discard(allocation& a, bool* was_last) {
+  return ownership_failure(a, a.owners.discard(was_last), "discard");
+}
+
+/// Usable: LIVE or UNOWNED (DESIGN.md §3: transfer, record_use, data, views).
+static arcpool_status_t check_usable(const allocation& a, const char* what) {
+  const auto st = a.owners.load().st;
+  if (st == ARCPOOL_ALLOCATION_LIVE || st == ARCPOOL_ALLOCATION_UNOWNED) {
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+  return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "%s of %s: it was already %s", what,
+              a.describe().c_str(),
+              st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deallocation (DESIGN.md §4)
+
+allocator::route allocator::choose_route(const allocation& a, const stream_ref& caller,
+                                         uint32_t flags) const {
+  if (flags & ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE) return route::wait_and_free;
+  if (flags & ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN) return route::prefer_origin;
+  if (flags & ARCPOOL_DEALLOCATE_FLAG_DEFERRED) return route::deferred;
+  if (a.uses.empty() && caller.id == a.placement.origin.id && a.current.id == caller.id) {
+    return route::same_stream;
+  }
+  switch (a.uses.empty() ? config_.foreign_stream_routing : config_.use_record_routing) {
+    case ARCPOOL_ROUTING_WAIT_AND_FREE:
+      return route::wait_and_free;
+    case ARCPOOL_ROUTING_PREFER_ORIGIN:
+      return route::prefer_origin;
+    default:
+      return route::deferred;
+  }
+}
+
+arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit) {
+  if (implicit) {
+    if (!a.owners.accept_implicit_free()) {
+      return ownership_failure(a, ownership_result::already_deallocated, "implicit free");
+    }
+  } else {
+    ARCPOOL_RETURN_IF_ERROR(
+        ownership_failure(a, a.owners.accept_deallocation(force), "deallocate"));
+  }
+  stats::count(implicit ? stats_.implicit_frees : stats_.deallocations);
+  if (!a.external()) {
+    stats_.bytes_in_use.sub(a.placement.size);
+    stats_.allocations_in_use.sub(1);
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::free_on(allocation& a, stream_handle target,
+                                    const std::vector<fence_ref>& fences) {
+  arcpool_status_t status = wait_all(target, fences);
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    status = driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
+  }
+  stats_.bytes_held.sub(a.placement.held_bytes);
+  if (status == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.frees);
+  return status;
+}
+
+arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref& caller,
+                                                uint32_t flags, bool implicit,
+                                                std::unique_lock<std::mutex>& lock) {
+  const bool force = flags & ARCPOOL_DEALLOCATE_FLAG_FORCE;
+  std::vector<fence_ref> fences;
+
+  // Nothing to give back: zero bytes, or a borrowed import nobody wants to hear about.
+  if (a.placement.size == 0 || (a.external() && a.placement.on_free == nullptr)) {
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    a.uses.clear();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  // Indeterminate lifetime: take the fences now, free nothing until the last reference goes.
+  if (a.indeterminate()) {
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    stats::count(stats_.ignored_deallocations);
+    a.held_fences = std::move(fences);
+    a.uses.clear();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  // Imported memory: on_free runs on the reclaim worker once every fence completed.
+  if (a.external()) {
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    reclaim_item item;
+    item.pointer = a.placement.base;
+    item.bytes = a.placement.size;
+    item.fences = std::move(fences);
+    item.on_free = a.placement.on_free;
+    item.on_free_user_data = a.placement.on_free_user_data;
+    a.uses.clear();
+    lock.unlock();
+    reclaimer_.enqueue(std::move(item));
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  // Every route below fences or frees on the caller's stream.
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
+  // A retired current stream cannot be enqueued on: its final fence goes to the reclaimer.
+  route r = a.current.retired() ? route::deferred : choose_route(a, caller, flags);
+  const stream_ref& origin = a.placement.origin;
+
+  if (r == route::same_stream) {
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    stats::count(stats_.same_stream_frees);
+    return free_on(a, caller.handle, fences);
+  }
+
+  if (r == route::prefer_origin && origin.id != caller.id) {
+    if (origin.provably_alive()) {
+      ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, origin.id, &fences));
+      ARCPOOL_RETURN_IF_ERROR(origin.entry->with_alive(
+          [&](stream_handle) { return check_not_capturing(origin, "deallocate"); },
+          ARCPOOL_STATUS_SUCCESS));
+      ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+      stats::count(stats_.cross_stream_frees);
+      const arcpool_status_t status = origin.entry->with_alive(
+          [&](stream_handle h) {
+            stats::count(stats_.origin_routed_frees);
+            return free_on(a, h, fences);
+          },
+          ARCPOOL_STATUS_NOT_PERMITTED);
+      if (status != ARCPOOL_STATUS_NOT_PERMITTED) return status;
+      // Retired between the check and the free: the caller's stream takes it (it waits on
+      // the same fences, its own among them, which is a no-op).
+      stats::count(stats_.origin_fallbacks);
+      return free_on(a, caller.handle, fences);
+    }
+    stats::count(stats_.origin_fallbacks);
+    r = route::wait_and_free;
+  }
+
+  if (r == route::wait_and_free || r == route::prefer_origin) {
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, caller.id, &fences));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    stats::count(stats_.cross_stream_frees);
+    a.uses.clear();
+    return free_on(a, caller.handle, fences);
+  }
+
+  // Deferred: fence everything, let the reclaim worker free on the origin once all completed.
+  ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
+  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+  stats::count(stats_.cross_stream_frees);
+  reclaim_item item;
+  item.pointer = a.placement.base;
+  item.bytes = a.placement.held_bytes;
+  item.fences = std::move(fences);
+  item.origin = origin;
+  item.routed_to_origin = true;
+  a.uses.clear();
+  lock.unlock();
+  reclaimer_.enqueue(std::move(item));
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t flags) {
+  if ((flags & ~kDeallocateFlags) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown deallocation flags 0x%x", flags);
+  }
+  const uint32_t routing = flags & kRoutingFlags;
+  if ((routing & (routing - 1)) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "deallocation flags 0x%x name more than one routing strategy", flags);
+  }
+  stream_ref caller;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &caller));
+  std::unique_lock<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(
+      a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
+  return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
+}
+
+arcpool_status_t allocator::deallocate_on_current(allocation& a) {
+  std::unique_lock<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "deallocate"));
+  const stream_ref caller = a.current;
+  return finish_deallocation(a, caller, 0, /*implicit=*/false, lock);
+}
+
+void allocator::on_last_reference(allocation* a) noexcept {
+  {
+    std::unique_lock<std::mutex> lock(a->mutex);
+    const auto st = a->owners.load().st;
+    if (st == ARCPOOL_ALLOCATION_LIVE || st == ARCPOOL_ALLOCATION_UNOWNED) {
+      // A leaked owner: free stream-ordered on the current stream (alive by contract, or
+      // retired, in which case its final fence goes to the reclaimer).
+      const stream_ref caller = a->current;
+      if (finish_deallocation(*a, caller, 0, /*implicit=*/true, lock) !=
+          ARCPOOL_STATUS_SUCCESS) {
+        stats::count(stats_.reclaim_failures);  // e.g. capturing, or a sticky CUDA error
+      }
+      if (!lock.owns_lock()) lock.lock();
+    }
+    // Indeterminate lifetime: the memory goes back now, once its fences complete.
+    if (a->indeterminate() && a->owners.load().st == ARCPOOL_ALLOCATION_DEALLOCATED &&
+        a->placement.size > 0 && (!a->external() || a->placement.on_free != nullptr)) {
+      reclaim_item item;
+      item.pointer = a->placement.base;
+      item.bytes = a->external() ? a->placement.size : a->placement.held_bytes;
+      item.fences = std::move(a->held_fences);
+      item.origin = a->placement.origin;
+      item.on_free = a->placement.on_free;
+      item.on_free_user_data = a->placement.on_free_user_data;
+      lock.unlock();
+      reclaimer_.enqueue(std::move(item));
+    }
+  }
+  delete a;
+  release();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transfer, use records, export (DESIGN.md §5)
+
+arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
+  stream_ref target;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(to, &target));
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(target, "transfer"));
+  std::lock_guard<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(check_usable(a, "transfer"));
+  // Wait on the donors' fences, then the receiver owns the memory.
+  std::vector<fence_ref> fences;
+  ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, target.id, &fences));
+  ARCPOOL_RETURN_IF_ERROR(wait_all(target.handle, fences));
+  a.uses.clear();
+  a.current = std::move(target);
+  stats::count(stats_.transfers);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::record_use(allocation& a, stream_handle s) {
+  stream_ref user;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &user));
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(user, "record_use"));
+  std::lock_guard<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(check_usable(a, "record_use"));
+  if (user.id == a.current.id) return ARCPOOL_STATUS_SUCCESS;  // its order already covers it
+  use_record record;
+  if (!user.provably_alive()) {
+    // An unregistered stream may be gone by deallocation time: fence it now (§6).
+    ARCPOOL_RETURN_IF_ERROR(take_fence(user, &record.fence));
+  }
+  record.stream = std::move(user);
+  auto same = std::find_if(a.uses.begin(), a.uses.end(), [&](const use_record& u) {
+    return u.stream.id == record.stream.id;
+  });
+  if (same != a.uses.end()) {
+    *same = std::move(record);
+  } else {
+    a.uses.push_back(std::move(record));
+  }
+  stats::count(stats_.use_records);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::export_memory(allocation& a, void** out) {
+  std::lock_guard<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "export"));
+  if (a.placement.alignment > kPoolAlignment) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "export of %s: its alignment %zu exceeds the pool's, so its data pointer is not "
+                "the pool's pointer",
+                a.describe().c_str(), a.placement.alignment);
+  }
+  if (a.current.retired()) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "export of %s: its current stream was destroyed or unregistered; transfer it to "
+                "a live stream first",
+                a.describe().c_str());
+  }
+  std::vector<fence_ref> fences;
+  if (a.placement.size > 0) {
+    ARCPOOL_RETURN_IF_ERROR(check_not_capturing(a.current, "export"));
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, a.current.id, &fences));
+  }
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.accept_export(), "export"));
+  const arcpool_status_t status = wait_all(a.current.handle, fences);
+  a.uses.clear();
+  stats::count(stats_.exports);
+  if (!a.external()) {
+    stats_.bytes_in_use.sub(a.placement.size);
+    stats_.allocations_in_use.sub(1);
+    stats_.bytes_held.sub(a.placement.held_bytes);
+  }
+  *out = a.placement.base;
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pool maintenance and stats
+
+arcpool_status_t allocator::trim(size_t keep_bytes) {
+  ARCPOOL_RETURN_IF_ERROR(reclaimer_.drain());
+  return driver_->pool_trim(keep_bytes);
+}
+
+void allocator::read_stats(arcpool_stats_t* out) const { stats_.read(driver_->pool_query(), out); }
+
+}  // namespace arcpool::detail

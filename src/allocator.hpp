@@ -1,0 +1,128 @@
+// One allocator: a device's pool, its event pool, its streams and its reclaim worker, and the
+// ownership and routing model of DESIGN.md §3–§6 on top of them.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "allocation.hpp"
+#include "drivers/driver.hpp"
+#include "fence.hpp"
+#include "options.hpp"
+#include "reclaimer.hpp"
+#include "refcount.hpp"
+#include "stats.hpp"
+#include "stream.hpp"
+
+namespace arcpool::detail {
+
+class allocator {
+ public:
+  /// Creates an allocator with one reference (the caller's).
+  static arcpool_status_t create(const allocator_config& config, allocator** out);
+
+  allocator(const allocator&) = delete;
+  allocator& operator=(const allocator&) = delete;
+
+  /// Adds a reference. Every allocation record holds one.
+  void retain() noexcept { refs_.increment(); }
+  /// Drops a reference; the last one tears the allocator down (blocking on pending reclaims).
+  void release() noexcept;
+
+  driver& drv() const noexcept { return *driver_; }
+  const allocator_config& config() const noexcept { return config_; }
+  event_pool& events() noexcept { return events_; }
+
+  // --- Streams (DESIGN.md §6) ------------------------------------------------------------
+  arcpool_status_t create_stream(stream_handle* out);
+  arcpool_status_t destroy_stream(stream_handle s);
+  arcpool_status_t register_stream(stream_handle s);
+  arcpool_status_t unregister_stream(stream_handle s);
+
+  // --- Allocations (DESIGN.md §3–§5) -----------------------------------------------------
+  /// Allocates; `*out` holds one claim and one reference.
+  arcpool_status_t allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
+                            allocation** out);
+  /// Wraps foreign memory as an EXTERNAL allocation. A CONSUME import that fails calls
+  /// `on_free` before returning.
+  arcpool_status_t import(void* pointer, size_t size, stream_handle s, uint32_t flags,
+                          arcpool_on_free_t on_free, void* user_data, allocation** out);
+  /// The stream-ordered deallocation of DESIGN.md §4.
+  arcpool_status_t deallocate(allocation& a, stream_handle s, uint32_t flags);
+  /// Deallocates on the allocation's current stream (what a dropped last claim does).
+  arcpool_status_t deallocate_on_current(allocation& a);
+  arcpool_status_t preserve(allocation& a);
+  arcpool_status_t discard(allocation& a, bool* was_last);
+  arcpool_status_t transfer(allocation& a, stream_handle to);
+  arcpool_status_t record_use(allocation& a, stream_handle s);
+  arcpool_status_t export_memory(allocation& a, void** out);
+  /// R reached 0: frees the record, and the memory where DESIGN.md §3 says so.
+  void on_last_reference(allocation* a) noexcept;
+
+  /// Completes pending reclaims, then trims the pool to `keep_bytes`.
+  arcpool_status_t trim(size_t keep_bytes);
+
+  void read_stats(arcpool_stats_t* out) const;
+
+  /// Test hooks: one synchronous reclaim pass (returns items completed), and a full drain.
+  size_t reclaim_poll_once() { return reclaimer_.poll_once(); }
+  arcpool_status_t reclaim_drain() { return reclaimer_.drain(); }
+  size_t reclaim_pending() const { return reclaimer_.pending(); }
+  void reset_peaks() { stats_.reset_peaks(); }
+
+ private:
+  allocator(const allocator_config& config, std::unique_ptr<driver> drv);
+  ~allocator();
+
+  /// Which strategy a deallocation uses (DESIGN.md §4).
+  enum class route { same_stream, wait_and_free, prefer_origin, deferred };
+
+  arcpool_status_t resolve_stream(stream_handle s, stream_ref* out);
+  arcpool_status_t check_not_capturing(const stream_ref& s, const char* what);
+  /// Takes a fence on `s` (its final fence if it was retired).
+  arcpool_status_t take_fence(const stream_ref& s, fence_ref* out);
+  /// Fences every stream the allocation's memory may be used on: `caller` (if given), the
+  /// current stream and every use record, once per stream, skipping stream `skip_id`.
+  arcpool_status_t collect_fences(allocation& a, const stream_ref* caller, uint64_t skip_id,
+                                  std::vector<fence_ref>* out);
+  /// Makes `s` wait on every fence. `s` must be alive for the call.
+  arcpool_status_t wait_all(stream_handle s, const std::vector<fence_ref>& fences);
+  route choose_route(const allocation& a, const stream_ref& caller, uint32_t flags) const;
+  /// Commits and enqueues a deallocation whose ownership check passed. `a.mutex` is held by
+  /// `lock` and may be released before the reclaimer is fed.
+  arcpool_status_t finish_deallocation(allocation& a, const stream_ref& caller, uint32_t flags,
+                                       bool implicit, std::unique_lock<std::mutex>& lock);
+  /// Frees on `target` after waiting on `fences`; counts the free.
+  arcpool_status_t free_on(allocation& a, stream_handle target,
+                           const std::vector<fence_ref>& fences);
+  arcpool_status_t commit(allocation& a, bool force, bool implicit);
+  arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
+                                      void** out);
+  arcpool_status_t try_pool_allocate(size_t bytes, const stream_ref& s, void** out);
+  /// The status (with message) of an ownership transition that did not happen.
+  arcpool_status_t ownership_failure(const allocation& a, ownership_result r, const char* what);
+
+  refcount refs_{1};
+  const allocator_config config_;
+  const std::unique_ptr<driver> driver_;
+  stats stats_;
+  event_pool events_;
+  stream_registry streams_;
+  reclaimer reclaimer_;
+  std::atomic<uint64_t> next_serial_{1};
+};
+
+/// The C handle of an allocator is the allocator itself (arcpool_allocator is never defined).
+inline allocator* from_handle(arcpool_allocator_t* a) noexcept {
+  return reinterpret_cast<allocator*>(a);
+}
+inline const allocator* from_handle(const arcpool_allocator_t* a) noexcept {
+  return reinterpret_cast<const allocator*>(a);
+}
+inline arcpool_allocator_t* to_handle(allocator* a) noexcept {
+  return reinterpret_cast<arcpool_allocator_t*>(a);
+}
+
+}  // namespace arcpool::detail

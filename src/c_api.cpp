@@ -1,0 +1,442 @@
+// The C API: the one choke point. Each entry validates its arguments, then calls the model.
+// No exception crosses it.
+#include <cstddef>
+#include <cstring>
+#include <new>
+
+#include "allocation.hpp"
+#include "allocator.hpp"
+#include "default_allocators.hpp"
+#include "pointer_map.hpp"
+#include "status.hpp"
+
+using arcpool::detail::allocation;
+using arcpool::detail::allocator;
+using arcpool::detail::fail;
+using arcpool::detail::from_handle;
+
+namespace {
+
+/// Runs `body` and turns an escaping exception into a status.
+template <class F>
+arcpool_status_t guarded(F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "host memory exhausted");
+  } catch (const std::exception& e) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "internal error: %s", e.what());
+  }
+}
+
+arcpool_status_t null_argument(const char* function, const char* argument) {
+  return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", function, argument);
+}
+
+#define ARCPOOL_REQUIRE_ARG(arg) \
+  if ((arg) == nullptr) return null_argument(__func__, #arg)
+
+/// Copies the prefix of `full` that the caller's struct (of `struct_size` bytes) has room for,
+/// keeping the caller's struct_size and version.
+template <class T>
+arcpool_status_t copy_versioned(const T& full, T* out, const char* function) {
+  constexpr size_t kHeader = offsetof(T, version) + sizeof(uint32_t);
+  const size_t size = out->struct_size;
+  if (size < kHeader) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "%s: struct_size %zu is too small", function,
+                size);
+  }
+  const size_t n = size < sizeof(T) ? size : sizeof(T);
+  std::memcpy(reinterpret_cast<char*>(out) + kHeader, reinterpret_cast<const char*>(&full) + kHeader,
+              n - kHeader);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+allocation& record_of(arcpool_allocation_t* handle) { return *handle->record; }
+
+}  // namespace
+
+extern "C" {
+
+int arcpool_version(void) { return ARCPOOL_VERSION; }
+
+const char* arcpool_driver_name(arcpool_driver_kind_t kind) {
+  switch (kind) {
+    case ARCPOOL_DRIVER_AUTO: return "auto";
+    case ARCPOOL_DRIVER_CUDA: return "cuda";
+    case ARCPOOL_DRIVER_HOST: return "host";
+  }
+  return "unknown";
+}
+
+// --- Allocators ------------------------------------------------------------------------------
+
+arcpool_status_t arcpool_allocator_create(const arcpool_allocator_options_t* options,
+                                          arcpool_allocator_t** out_allocator) {
+  ARCPOOL_REQUIRE_ARG(out_allocator);
+  return guarded([&] {
+    arcpool::detail::allocator_config config;
+    ARCPOOL_RETURN_IF_ERROR(arcpool::detail::resolve_options(options, &config));
+    allocator* a = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(allocator::create(config, &a));
+    *out_allocator = arcpool::detail::to_handle(a);
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
+void arcpool_allocator_destroy(arcpool_allocator_t* allocator) {
+  if (allocator != nullptr) from_handle(allocator)->release();
+}
+
+arcpool_driver_kind_t arcpool_allocator_driver(const arcpool_allocator_t* allocator) {
+  if (allocator == nullptr) return ARCPOOL_DRIVER_AUTO;
+  return from_handle(allocator)->drv().kind();
+}
+
+int arcpool_allocator_device(const arcpool_allocator_t* allocator) {
+  if (allocator == nullptr) return -1;
+  return from_handle(allocator)->drv().device();
+}
+
+arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator, size_t keep_bytes) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  return guarded([&] { return from_handle(allocator)->trim(keep_bytes); });
+}
+
+// --- Streams ---------------------------------------------------------------------------------
+
+arcpool_status_t arcpool_stream_create(arcpool_allocator_t* allocator,
+                                       arcpool_stream_t* out_stream) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_stream);
+  return guarded([&] { return from_handle(allocator)->create_stream(out_stream); });
+}
+
+arcpool_status_t arcpool_stream_destroy(arcpool_allocator_t* allocator, arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  return guarded([&] { return from_handle(allocator)->destroy_stream(stream); });
+}
+
+arcpool_status_t arcpool_stream_synchronize(arcpool_allocator_t* allocator,
+                                            arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  return guarded([&] { return from_handle(allocator)->drv().stream_synchronize(stream); });
+}
+
+arcpool_status_t arcpool_stream_register(arcpool_allocator_t* allocator, arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  return guarded([&] { return from_handle(allocator)->register_stream(stream); });
+}
+
+arcpool_status_t arcpool_stream_unregister(arcpool_allocator_t* allocator,
+                                           arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  return guarded([&] { return from_handle(allocator)->unregister_stream(stream); });
+}
+
+arcpool_status_t arcpool_stream_launch_host_func(arcpool_allocator_t* allocator,
+                                                 arcpool_stream_t stream, arcpool_host_fn_t fn,
+                                                 void* user_data) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(fn);
+  return guarded(
+      [&] { return from_handle(allocator)->drv().launch_host_func(stream, fn, user_data); });
+}
+
+// --- Allocations -----------------------------------------------------------------------------
+
+arcpool_status_t arcpool_allocate_async(arcpool_allocator_t* allocator, size_t size,
+                                        size_t alignment, arcpool_stream_t stream, uint32_t flags,
+                                        arcpool_allocation_t** out_allocation) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_allocation);
+  return guarded([&] {
+    allocation* a = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(
+        from_handle(allocator)->allocate(size, alignment, stream, flags, &a));
+    *out_allocation = a;
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
+arcpool_status_t arcpool_deallocate_async(arcpool_allocation_t* allocation,
+                                          arcpool_stream_t stream, uint32_t flags) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  return guarded([&] {
+    auto& a = record_of(allocation);
+    return a.owner.deallocate(a, stream, flags);
+  });
+}
+
+arcpool_status_t arcpool_allocation_preserve(arcpool_allocation_t* allocation) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  auto& a = record_of(allocation);
+  return a.owner.preserve(a);
+}
+
+arcpool_status_t arcpool_allocation_discard(arcpool_allocation_t* allocation, int* out_was_last) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  auto& a = record_of(allocation);
+  bool last = false;
+  ARCPOOL_RETURN_IF_ERROR(a.owner.discard(a, &last));
+  if (out_was_last != nullptr) *out_was_last = last ? 1 : 0;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+int arcpool_allocation_is_terminal(const arcpool_allocation_t* allocation) {
+  return allocation != nullptr && allocation->record->owners.is_terminal() ? 1 : 0;
+}
+
+arcpool_status_t arcpool_allocation_discard_and_release(arcpool_allocation_t* allocation) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  return guarded([&] {
+    auto& a = record_of(allocation);
+    bool last = false;
+    arcpool_status_t status = a.owner.discard(a, &last);
+    if (status == ARCPOOL_STATUS_SUCCESS && last) status = a.owner.deallocate_on_current(a);
+    arcpool::detail::release_handle(allocation);
+    return status;
+  });
+}
+
+arcpool_status_t arcpool_allocation_retain(arcpool_allocation_t* allocation) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  arcpool::detail::retain_handle(allocation);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t arcpool_allocation_release(arcpool_allocation_t* allocation) {
+  if (allocation != nullptr) arcpool::detail::release_handle(allocation);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t arcpool_allocation_placement(const arcpool_allocation_t* allocation,
+                                              arcpool_placement_t* out_placement) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  ARCPOOL_REQUIRE_ARG(out_placement);
+  const auto& p = allocation->record->placement;
+  arcpool_placement_t full{};
+  full.device = allocation->record->owner.drv().device();
+  full.origin_stream = p.origin.handle;
+  full.origin_stream_id = p.origin.id;
+  full.flags = p.placement_flags;
+  full.size = p.size;
+  full.alignment = p.alignment;
+  return copy_versioned(full, out_placement, __func__);
+}
+
+arcpool_status_t arcpool_allocation_info(const arcpool_allocation_t* allocation,
+                                         arcpool_allocation_info_t* out_info) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  ARCPOOL_REQUIRE_ARG(out_info);
+  auto& a = *allocation->record;
+  arcpool_allocation_info_t full{};
+  const auto snapshot = a.owners.load();
+  full.state = snapshot.st;
+  full.owners = snapshot.owners;
+  full.references = a.refs.load();
+  full.id = a.placement.serial;
+  {
+    std::lock_guard<std::mutex> lock(a.mutex);
+    full.current_stream = a.current.handle;
+    full.current_stream_id = a.current.id;
+    full.use_records = static_cast<uint32_t>(a.uses.size());
+  }
+  return copy_versioned(full, out_info, __func__);
+}
+
+arcpool_status_t arcpool_allocation_data(const arcpool_allocation_t* allocation, void** out_data) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  ARCPOOL_REQUIRE_ARG(out_data);
+  const auto& a = *allocation->record;
+  const auto st = a.owners.load().st;
+  if (st != ARCPOOL_ALLOCATION_LIVE && st != ARCPOOL_ALLOCATION_UNOWNED) {
+    return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "data of %s: it was already %s",
+                a.describe().c_str(),
+                st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
+  }
+  *out_data = a.placement.data == nullptr
+                  ? nullptr
+                  : static_cast<char*>(a.placement.data) + allocation->offset;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+size_t arcpool_allocation_size(const arcpool_allocation_t* allocation) {
+  return allocation == nullptr ? 0 : allocation->size;
+}
+
+arcpool_status_t arcpool_allocation_view(arcpool_allocation_t* allocation, size_t offset,
+                                         size_t size, arcpool_allocation_t** out_view) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  ARCPOOL_REQUIRE_ARG(out_view);
+  return guarded([&] {
+    auto& a = record_of(allocation);
+    const auto st = a.owners.load().st;
+    if (st != ARCPOOL_ALLOCATION_LIVE && st != ARCPOOL_ALLOCATION_UNOWNED) {
+      return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "view of %s: it was already %s",
+                  a.describe().c_str(),
+                  st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
+    }
+    if (offset > allocation->size || size > allocation->size - offset) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  "view [%zu, %zu + %zu) is out of bounds of a %zu-byte range of %s", offset,
+                  offset, size, allocation->size, a.describe().c_str());
+    }
+    a.retain();
+    *out_view = new arcpool_allocation(&a, allocation->offset + offset, size, /*view=*/true);
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
+arcpool_status_t arcpool_allocation_export(arcpool_allocation_t* allocation, void** out_pointer) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  ARCPOOL_REQUIRE_ARG(out_pointer);
+  return guarded([&] {
+    auto& a = record_of(allocation);
+    return a.owner.export_memory(a, out_pointer);
+  });
+}
+
+arcpool_status_t arcpool_transfer(arcpool_allocation_t* allocation, arcpool_stream_t to_stream) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  return guarded([&] {
+    auto& a = record_of(allocation);
+    return a.owner.transfer(a, to_stream);
+  });
+}
+
+arcpool_status_t arcpool_record_use(arcpool_allocation_t* allocation, arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(allocation);
+  return guarded([&] {
+    auto& a = record_of(allocation);
+    return a.owner.record_use(a, stream);
+  });
+}
+
+arcpool_status_t arcpool_import(arcpool_allocator_t* allocator, void* pointer, size_t size,
+                                arcpool_stream_t stream, uint32_t flags, arcpool_on_free_t on_free,
+                                void* user_data, arcpool_allocation_t** out_allocation) {
+  // A consuming import frees the foreign memory on every failure, this one included.
+  const bool consume = (flags & ARCPOOL_IMPORT_FLAG_CONSUME) && on_free != nullptr;
+  if (allocator == nullptr || out_allocation == nullptr) {
+    if (consume) on_free(pointer, size, user_data);
+    return null_argument(__func__, allocator == nullptr ? "allocator" : "out_allocation");
+  }
+  return guarded([&] {
+    allocation* a = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(
+        from_handle(allocator)->import(pointer, size, stream, flags, on_free, user_data, &a));
+    *out_allocation = a;
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
+// --- Raw-pointer entry points ----------------------------------------------------------------
+
+arcpool_status_t arcpool_default_allocator_set(int device, arcpool_allocator_t* allocator) {
+  return guarded([&] {
+    return arcpool::detail::set_default_allocator(
+        device, allocator == nullptr ? nullptr : from_handle(allocator));
+  });
+}
+
+arcpool_status_t arcpool_default_allocator_get(int device, arcpool_allocator_t** out_allocator) {
+  ARCPOOL_REQUIRE_ARG(out_allocator);
+  return guarded([&] {
+    arcpool::detail::allocator* a = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a));
+    *out_allocator = arcpool::detail::to_handle(a);
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
+void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
+  if (size == 0) return nullptr;
+  void* data = nullptr;
+  guarded([&] {
+    arcpool::detail::allocator* a = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a));
+    allocation* record = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(a->allocate(size, 0, stream, 0, &record));
+    arcpool::detail::by_pointer_allocations().insert(record);
+    data = record->placement.data;
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+  return data;
+}
+
+arcpool_status_t arcpool_free_async(void* pointer, size_t, int device, arcpool_stream_t stream) {
+  if (pointer == nullptr) return ARCPOOL_STATUS_SUCCESS;
+  return guarded([&] {
+    auto& map = arcpool::detail::by_pointer_allocations();
+    allocation* a = map.find(pointer);
+    if (a == nullptr) {
+      return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
+                  "free of %p: no live by-pointer allocation contains it (never allocated by "
+                  "arcpool_malloc_async, or already freed)",
+                  pointer);
+    }
+    arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+    if (a->owner.drv().device() != device) {
+      status = fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "free of %p on device %d: %s is on device %d",
+                    pointer, device, a->describe().c_str(), a->owner.drv().device());
+    } else {
+      status = a->owner.deallocate(*a, stream, 0);
+    }
+    // Only the deallocation that succeeded drops the map's reference.
+    if (status == ARCPOOL_STATUS_SUCCESS && map.erase(a)) a->release();
+    a->release();
+    return status;
+  });
+}
+
+arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(pointer);
+  return guarded([&] {
+    allocation* a = arcpool::detail::by_pointer_allocations().find(pointer);
+    if (a == nullptr) {
+      return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
+                  "record_stream of %p: no live by-pointer allocation contains it", pointer);
+    }
+    const arcpool_status_t status = a->owner.record_use(*a, stream);
+    a->release();
+    return status;
+  });
+}
+
+// --- Statistics ------------------------------------------------------------------------------
+
+arcpool_status_t arcpool_stats_get(const arcpool_allocator_t* allocator,
+                                   arcpool_stats_t* out_stats) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_stats);
+  arcpool_stats_t full{};
+  from_handle(allocator)->read_stats(&full);
+  return copy_versioned(full, out_stats, __func__);
+}
+
+arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allocator) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  from_handle(allocator)->reset_peaks();
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* buffer,
+                                    size_t capacity, size_t* out_length) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  if (buffer == nullptr && capacity != 0) return null_argument(__func__, "buffer");
+  return guarded([&] {
+    arcpool_stats_t s{};
+    from_handle(allocator)->read_stats(&s);
+    const std::string json = arcpool::detail::stats_to_json(s);
+    if (out_length != nullptr) *out_length = json.size();
+    if (capacity > 0) {
+      const size_t n = json.size() < capacity - 1 ? json.size() : capacity - 1;
+      std::memcpy(buffer, json.data(), n);
+      buffer[n] = '\0';
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,340 @@
+// The CUDA driver: the product. Streams, timing-disabled events, a cudaMemPool_t (owned with
+// arcpool's settings, or adopted) and host functions, each call on the allocator's device.
+#include <cuda_runtime_api.h>
+
+#include "drivers/driver.hpp"
+#include "process_exit.hpp"
+#include "status.hpp"
+
+namespace arcpool::detail {
+namespace {
+
+/// Maps a CUDA result to a status, naming the call and the CUDA error; clears the runtime's
+/// per-thread last error so the application's own checks do not see ours.
+arcpool_status_t check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ARCPOOL_STATUS_SUCCESS;
+  cudaGetLastError();
+  if (e == cudaErrorCudartUnloading) mark_process_exiting();
+  arcpool_status_t status = ARCPOOL_STATUS_CUDA_ERROR;
+  if (e == cudaErrorMemoryAllocation) status = ARCPOOL_STATUS_OUT_OF_MEMORY;
+  if (e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+      e == cudaErrorStreamCaptureImplicit || e == cudaErrorCapturedEvent ||
+      e == cudaErrorStreamCaptureWrongThread) {
+    status = ARCPOOL_STATUS_UNSUPPORTED;
+  }
+  return fail(status, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/// Makes `device` current for the scope and restores the previous device.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      changed_ = cudaSetDevice(device) == cudaSuccess;
+    }
+  }
+  ~device_guard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+/// The status of a call skipped because the process is exiting.
+arcpool_status_t exiting(const char* what) {
+  return fail(ARCPOOL_STATUS_CUDA_ERROR, "%s skipped: the process is exiting", what);
+}
+
+cudaStream_t cu(stream_handle s) { return reinterpret_cast<cudaStream_t>(s); }
+cudaEvent_t cu(event_handle e) { return static_cast<cudaEvent_t>(e); }
+
+class cuda_driver final : public driver {
+ public:
+  cuda_driver(int device, cudaMemPool_t pool, bool owned)
+      : device_(device), pool_(pool), owned_(owned) {}
+
+  ~cuda_driver() override {
+    if (owned_ && !process_exiting()) {
+      device_guard guard(device_);
+      cudaMemPoolDestroy(pool_);  // returns at once; released when its memory is all freed
+    }
+  }
+
+  arcpool_driver_kind_t kind() const noexcept override { return ARCPOOL_DRIVER_CUDA; }
+  int device() const noexcept override { return device_; }
+
+  arcpool_status_t stream_create(stream_handle* out) override {
+    if (process_exiting()) return exiting("cudaStreamCreateWithFlags");
+    device_guard guard(device_);
+    cudaStream_t s = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(
+        check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
+    *out = reinterpret_cast<stream_handle>(s);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_destroy(stream_handle s) override {
+    if (process_exiting()) return ARCPOOL_STATUS_SUCCESS;
+    device_guard guard(device_);
+    return check(cudaStreamDestroy(cu(s)), "cudaStreamDestroy");
+  }
+
+  arcpool_status_t stream_synchronize(stream_handle s) override {
+    if (process_exiting()) return exiting("cudaStreamSynchronize");
+    device_guard guard(device_);
+    return check(cudaStreamSynchronize(cu(s)), "cudaStreamSynchronize");
+  }
+
+  arcpool_status_t stream_id(stream_handle s, uint64_t* out) override {
+    if (process_exiting()) return exiting("cudaStreamGetId");
+    device_guard guard(device_);
+    unsigned long long id = 0;
+    ARCPOOL_RETURN_IF_ERROR(check(cudaStreamGetId(cu(s), &id), "cudaStreamGetId"));
+    *out = id;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_is_capturing(stream_handle s, bool* out) override {
+    if (process_exiting()) return exiting("cudaStreamIsCapturing");
+    device_guard guard(device_);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    ARCPOOL_RETURN_IF_ERROR(check(cudaStreamIsCapturing(cu(s), &status), "cudaStreamIsCapturing"));
+    *out = status != cudaStreamCaptureStatusNone;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_begin_capture(stream_handle s) override {
+    device_guard guard(device_);
+    return check(cudaStreamBeginCapture(cu(s), cudaStreamCaptureModeThreadLocal),
+                 "cudaStreamBeginCapture");
+  }
+
+  arcpool_status_t stream_end_capture(stream_handle s) override {
+    device_guard guard(device_);
+    cudaGraph_t graph = nullptr;
+    const arcpool_status_t status =
+        check(cudaStreamEndCapture(cu(s), &graph), "cudaStreamEndCapture");
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return status;
+  }
+
+  arcpool_status_t launch_host_func(stream_handle s, arcpool_host_fn_t fn,
+                                    void* user_data) override {
+    if (process_exiting()) return exiting("cudaLaunchHostFunc");
+    device_guard guard(device_);
+    return check(cudaLaunchHostFunc(cu(s), fn, user_data), "cudaLaunchHostFunc");
+  }
+
+  arcpool_status_t event_create(event_handle* out) override {
+    if (process_exiting()) return exiting("cudaEventCreateWithFlags");
+    device_guard guard(device_);
+    cudaEvent_t e = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(
+        check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+    *out = e;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  void event_destroy(event_handle e) noexcept override {
+    if (process_exiting()) return;
+    device_guard guard(device_);
+    cudaEventDestroy(cu(e));
+  }
+
+  arcpool_status_t event_record(event_handle e, stream_handle s) override {
+    if (process_exiting()) return exiting("cudaEventRecord");
+    device_guard guard(device_);
+    return check(cudaEventRecord(cu(e), cu(s)), "cudaEventRecord");
+  }
+
+  arcpool_status_t stream_wait_event(stream_handle s, event_handle e) override {
+    if (process_exiting()) return exiting("cudaStreamWaitEvent");
+    device_guard guard(device_);
+    return check(cudaStreamWaitEvent(cu(s), cu(e), 0), "cudaStreamWaitEvent");
+  }
+
+  arcpool_status_t event_query(event_handle e, bool* done) override {
+    if (process_exiting()) return exiting("cudaEventQuery");
+    const cudaError_t r = cudaEventQuery(cu(e));
+    if (r == cudaErrorNotReady) {
+      *done = false;
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    ARCPOOL_RETURN_IF_ERROR(check(r, "cudaEventQuery"));
+    *done = true;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t event_synchronize(event_handle e) override {
+    if (process_exiting()) return exiting("cudaEventSynchronize");
+    return check(cudaEventSynchronize(cu(e)), "cudaEventSynchronize");
+  }
+
+  arcpool_status_t pool_allocate(size_t bytes, stream_handle s, void** out) override {
+    if (process_exiting()) return exiting("cudaMallocFromPoolAsync");
+    device_guard guard(device_);
+    return check(cudaMallocFromPoolAsync(out, bytes, pool_, cu(s)), "cudaMallocFromPoolAsync");
+  }
+
+  arcpool_status_t pool_free(void* p, size_t, stream_handle s) override {
+    if (process_exiting()) return ARCPOOL_STATUS_SUCCESS;  // the process gives it all back
+    device_guard guard(device_);
+    return check(cudaFreeAsync(p, cu(s)), "cudaFreeAsync");
+  }
+
+  arcpool_status_t pool_trim(size_t keep_bytes) override {
+    if (process_exiting()) return exiting("cudaMemPoolTrimTo");
+    device_guard guard(device_);
+    return check(cudaMemPoolTrimTo(pool_, keep_bytes), "cudaMemPoolTrimTo");
+  }
+
+  pool_figures pool_query() override {
+    pool_figures f;
+    if (process_exiting()) return f;
+    device_guard guard(device_);
+    uint64_t value = 0;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &value) == cudaSuccess)
+      f.reserved_current = value;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &value) == cudaSuccess)
+      f.reserved_peak = value;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &value) == cudaSuccess)
+      f.used_current = value;
+    cudaGetLastError();
+    return f;
+  }
+
+  void enter_reclaim_thread() noexcept override {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaSetDevice(device_);
+  }
+
+ private:
+  const int device_;
+  const cudaMemPool_t pool_;
+  const bool owned_;
+};
+
+arcpool_status_t set_pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, int value,
+                                    const char* name) {
+  if (cudaMemPoolSetAttribute(pool, attr, &value) != cudaSuccess) {
+    return check(cudaGetLastError(), name);
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* out) {
+  int supported_types = 0;
+  ARCPOOL_RETURN_IF_ERROR(check(cudaDeviceGetAttribute(&supported_types,
+                                                       cudaDevAttrMemoryPoolSupportedHandleTypes,
+                                                       config.device),
+                                "cudaDeviceGetAttribute(MemoryPoolSupportedHandleTypes)"));
+  if ((config.ipc_handle_types & ~static_cast<uint32_t>(supported_types)) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "IPC handle types 0x%x are not all supported by device %d (supported: 0x%x)",
+                config.ipc_handle_types, config.device, supported_types);
+  }
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = static_cast<cudaMemAllocationHandleType>(config.ipc_handle_types);
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = config.device;
+  props.maxSize = config.max_pool_bytes;
+  cudaMemPool_t pool = nullptr;
+  ARCPOOL_RETURN_IF_ERROR(check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate"));
+
+  uint64_t threshold = config.release_threshold;
+  arcpool_status_t status = check(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+      "cudaMemPoolSetAttribute(ReleaseThreshold)");
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    status = set_pool_attribute(pool, cudaMemPoolReuseFollowEventDependencies,
+                                config.reuse_follow_event_dependencies,
+                                "cudaMemPoolSetAttribute(ReuseFollowEventDependencies)");
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    status = set_pool_attribute(pool, cudaMemPoolReuseAllowOpportunistic,
+                                config.reuse_allow_opportunistic,
+                                "cudaMemPoolSetAttribute(ReuseAllowOpportunistic)");
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    status = set_pool_attribute(pool, cudaMemPoolReuseAllowInternalDependencies,
+                                config.reuse_allow_internal_dependencies,
+                                "cudaMemPoolSetAttribute(ReuseAllowInternalDependencies)");
+  }
+  for (int peer : config.peer_devices) {
+    if (status != ARCPOOL_STATUS_SUCCESS) break;
+    cudaMemAccessDesc access{};
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = peer;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    status = check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess");
+  }
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    cudaMemPoolDestroy(pool);
+    return status;
+  }
+  *out = pool;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+bool cuda_device_usable(int device, std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(e) + " (" +
+           cudaGetErrorString(e) + ")";
+    return false;
+  }
+  if (device < 0 || device >= count) {
+    *why = "device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+           " devices)";
+    return false;
+  }
+  int pools = 0;
+  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess ||
+      pools == 0) {
+    cudaGetLastError();
+    *why = "device " + std::to_string(device) + " does not support stream-ordered memory pools";
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_status_t* status) {
+  std::string why;
+  if (!cuda_device_usable(config.device, &why)) {
+    *status = fail(ARCPOOL_STATUS_NO_DEVICE, "CUDA driver unavailable: %s", why.c_str());
+    return nullptr;
+  }
+  device_guard guard(config.device);
+  *status = check(cudaFree(nullptr), "cudaFree(nullptr) (runtime initialization)");
+  if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
+  arm_exit_hook();  // after the runtime registered its own teardown, so ours runs first
+
+  cudaMemPool_t pool = nullptr;
+  switch (config.pool_source) {
+    case ARCPOOL_POOL_OWNED:
+      *status = create_owned_pool(config, &pool);
+      break;
+    case ARCPOOL_POOL_DEVICE_DEFAULT:
+      *status = check(cudaDeviceGetDefaultMemPool(&pool, config.device),
+                      "cudaDeviceGetDefaultMemPool");
+      break;
+    case ARCPOOL_POOL_DEVICE_CURRENT:
+      *status = check(cudaDeviceGetMemPool(&pool, config.device), "cudaDeviceGetMemPool");
+      break;
+  }
+  if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
+  return std::make_unique<cuda_driver>(config.device, pool,
+                                       config.pool_source == ARCPOOL_POOL_OWNED);
+}
+
+}  // namespace arcpool::detail

@@ -1,0 +1,47 @@
+#include <cstdlib>
+#include <cstring>
+
+#include "drivers/driver.hpp"
+#include "status.hpp"
+
+namespace arcpool::detail {
+
+arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver>* out) {
+  arcpool_driver_kind_t kind = config.kind;
+  bool from_environment = false;
+  if (kind == ARCPOOL_DRIVER_AUTO) {
+    if (const char* env = std::getenv("ARCPOOL_DRIVER"); env != nullptr && *env != '\0') {
+      if (std::strcmp(env, "cuda") == 0) {
+        kind = ARCPOOL_DRIVER_CUDA;
+      } else if (std::strcmp(env, "host") == 0) {
+        kind = ARCPOOL_DRIVER_HOST;
+      } else {
+        return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                    "ARCPOOL_DRIVER=%s: expected 'cuda' or 'host'", env);
+      }
+      from_environment = true;
+    }
+  }
+  if (kind == ARCPOOL_DRIVER_AUTO) {
+    std::string why;
+    kind = cuda_device_usable(config.device, &why) ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
+  }
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  switch (kind) {
+    case ARCPOOL_DRIVER_CUDA:
+      *out = make_cuda_driver(config, &status);
+      break;
+    case ARCPOOL_DRIVER_HOST:
+      *out = make_host_driver(config, &status);
+      break;
+    default:
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown driver kind %d",
+                  static_cast<int>(kind));
+  }
+  if (status != ARCPOOL_STATUS_SUCCESS && from_environment) {
+    append_to_last_error(" (driver chosen by ARCPOOL_DRIVER)");
+  }
+  return status;
+}
+
+}  // namespace arcpool::detail

@@ -1,0 +1,120 @@
+// The one narrow interface between arcpool's model and the machine: streams, events, a pool and
+// host work. Nothing outside src/drivers/ calls CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "arcpool/arcpool.h"
+
+namespace arcpool::detail {
+
+/// A stream as the driver knows it (a cudaStream_t, or a host worker).
+using stream_handle = arcpool_stream_t;
+/// A timing-disabled event (a cudaEvent_t, or a host completion marker).
+using event_handle = void*;
+
+/// The legacy default stream and CUDA's per-thread default stream, as handles.
+inline stream_handle legacy_default_stream() noexcept { return nullptr; }
+inline stream_handle legacy_stream_alias() noexcept {
+  return reinterpret_cast<stream_handle>(uintptr_t{0x1});
+}
+inline stream_handle per_thread_default_stream() noexcept {
+  return reinterpret_cast<stream_handle>(uintptr_t{0x2});
+}
+
+/// Figures of the pool as the driver reports them.
+struct pool_figures {
+  uint64_t reserved_current = 0;  ///< bytes mapped by the pool now
+  uint64_t reserved_peak = 0;     ///< highest reserved_current since creation
+  uint64_t used_current = 0;      ///< bytes handed out now (including frees not yet executed)
+};
+
+/// The options of an allocator that concern its driver.
+struct driver_config {
+  int device = 0;
+  arcpool_driver_kind_t kind = ARCPOOL_DRIVER_AUTO;
+  arcpool_pool_source_t pool_source = ARCPOOL_POOL_OWNED;
+  uint64_t release_threshold = UINT64_MAX;
+  bool reuse_follow_event_dependencies = true;
+  bool reuse_allow_opportunistic = true;
+  bool reuse_allow_internal_dependencies = false;
+  size_t max_pool_bytes = 0;
+  uint32_t ipc_handle_types = 0;
+  std::vector<int> peer_devices;
+  size_t host_capacity_bytes = size_t{16} << 30;
+};
+
+/// Streams, events, one pool and host work on one device. Every call sets and restores the
+/// device it acts on. Every call is thread-safe. Calls return ARCPOOL_STATUS_SUCCESS or a
+/// failure set with detail::fail (CUDA errors carry the CUDA name).
+class driver {
+ public:
+  virtual ~driver() = default;
+
+  /// ARCPOOL_DRIVER_CUDA or ARCPOOL_DRIVER_HOST.
+  virtual arcpool_driver_kind_t kind() const noexcept = 0;
+  /// The device ordinal.
+  virtual int device() const noexcept = 0;
+
+  // --- Streams ---------------------------------------------------------------------------
+  /// Creates a non-blocking stream.
+  virtual arcpool_status_t stream_create(stream_handle* out) = 0;
+  /// Destroys a stream; queued work still runs. Never blocks.
+  virtual arcpool_status_t stream_destroy(stream_handle s) = 0;
+  /// Blocks until all work queued on `s` has completed.
+  virtual arcpool_status_t stream_synchronize(stream_handle s) = 0;
+  /// The process-unique identity of `s` (cudaStreamGetId; per-thread default streams resolve
+  /// to the calling thread's stream).
+  virtual arcpool_status_t stream_id(stream_handle s, uint64_t* out) = 0;
+  /// Whether `s` is capturing a graph.
+  virtual arcpool_status_t stream_is_capturing(stream_handle s, bool* out) = 0;
+  /// Starts capturing `s` into a graph (thread-local mode). Tests use it to prove UNSUPPORTED.
+  virtual arcpool_status_t stream_begin_capture(stream_handle s) = 0;
+  /// Ends the capture of `s` and discards the graph.
+  virtual arcpool_status_t stream_end_capture(stream_handle s) = 0;
+  /// Enqueues `fn(user_data)` in stream order. `fn` must not call the driver.
+  virtual arcpool_status_t launch_host_func(stream_handle s, arcpool_host_fn_t fn,
+                                            void* user_data) = 0;
+
+  // --- Events (timing disabled) ----------------------------------------------------------
+  virtual arcpool_status_t event_create(event_handle* out) = 0;
+  virtual void event_destroy(event_handle e) noexcept = 0;
+  /// Records `e` on `s`: it completes when the work queued on `s` so far has completed.
+  virtual arcpool_status_t event_record(event_handle e, stream_handle s) = 0;
+  /// Makes later work on `s` wait for `e`'s most recent record as of this call.
+  virtual arcpool_status_t stream_wait_event(stream_handle s, event_handle e) = 0;
+  /// Whether `e`'s most recent record has completed. Never blocks.
+  virtual arcpool_status_t event_query(event_handle e, bool* done) = 0;
+  /// Blocks until `e`'s most recent record has completed.
+  virtual arcpool_status_t event_synchronize(event_handle e) = 0;
+
+  // --- Pool ------------------------------------------------------------------------------
+  /// Allocates `bytes` in stream order on `s`, aligned to at least 256 bytes.
+  /// ARCPOOL_STATUS_OUT_OF_MEMORY when the pool cannot grow.
+  virtual arcpool_status_t pool_allocate(size_t bytes, stream_handle s, void** out) = 0;
+  /// Frees `p` (of `bytes`) in stream order on `s`.
+  virtual arcpool_status_t pool_free(void* p, size_t bytes, stream_handle s) = 0;
+  /// Releases reserved memory down to `keep_bytes` (owned pools).
+  virtual arcpool_status_t pool_trim(size_t keep_bytes) = 0;
+  /// The pool's figures.
+  virtual pool_figures pool_query() = 0;
+
+  // --- Threads ---------------------------------------------------------------------------
+  /// Prepares the calling thread to be arcpool's reclaim worker (CUDA: relaxed capture mode,
+  /// so its event queries never invalidate another thread's graph capture).
+  virtual void enter_reclaim_thread() noexcept = 0;
+};
+
+/// Resolves AUTO (and ARCPOOL_DRIVER) and creates the driver `config` asks for.
+arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver>* out);
+
+/// Whether the CUDA runtime has a usable device `device`; `why` says why not.
+bool cuda_device_usable(int device, std::string* why);
+
+std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_status_t* status);
+std::unique_ptr<driver> make_host_driver(const driver_config& config, arcpool_status_t* status);
+
+}  // namespace arcpool::detail

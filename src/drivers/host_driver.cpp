@@ -1,0 +1,276 @@
+// The host driver: streams are worker threads, events are per-record completion markers, the
+// pool hands out host memory and frees it when the free executes in stream order. A stand-in
+// for machines without a GPU, so that ASan and TSan watch the whole model. Never a performance
+// claim.
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+
+#include "drivers/driver.hpp"
+#include "drivers/host_stream.hpp"
+#include "status.hpp"
+
+namespace arcpool::detail {
+namespace {
+
+/// Completion of one event record. Waits capture the marker current at the call, exactly as
+/// cudaStreamWaitEvent captures the event's state.
+class host_marker {
+ public:
+  void complete() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+/// A host event: the marker of its most recent record (none: complete).
+struct host_event {
+  std::mutex mutex;
+  std::shared_ptr<host_marker> last;
+
+  std::shared_ptr<host_marker> current() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return last;
+  }
+};
+
+constexpr size_t kHostAlignment = 256;
+
+class host_driver final : public driver {
+ public:
+  explicit host_driver(const driver_config& config)
+      : device_(config.device), capacity_(config.host_capacity_bytes) {}
+
+  arcpool_driver_kind_t kind() const noexcept override { return ARCPOOL_DRIVER_HOST; }
+  int device() const noexcept override { return device_; }
+
+  arcpool_status_t stream_create(stream_handle* out) override {
+    ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work("stream_create"));
+    *out = host_stream_create();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_destroy(stream_handle s) override {
+    ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work("stream_destroy"));
+    if (!host_stream_destroy(s)) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "stream %p is not a live host stream",
+                  static_cast<void*>(s));
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_synchronize(stream_handle s) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve(s, "stream_synchronize", &hs));
+    hs->synchronize();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_id(stream_handle s, uint64_t* out) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve(s, "stream_id", &hs));
+    *out = hs->id();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_is_capturing(stream_handle s, bool* out) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve(s, "stream_is_capturing", &hs));
+    *out = hs->capturing.load();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_begin_capture(stream_handle s) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve(s, "stream_begin_capture", &hs));
+    if (hs->capturing.exchange(true)) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "stream %p is already capturing",
+                  static_cast<void*>(s));
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_end_capture(stream_handle s) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve(s, "stream_end_capture", &hs));
+    if (!hs->capturing.exchange(false)) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "stream %p is not capturing",
+                  static_cast<void*>(s));
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t launch_host_func(stream_handle s, arcpool_host_fn_t fn,
+                                    void* user_data) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "launch_host_func", &hs));
+    hs->enqueue([fn, user_data] { fn(user_data); });
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t event_create(event_handle* out) override {
+    ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work("event_create"));
+    *out = new host_event();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  void event_destroy(event_handle e) noexcept override { delete static_cast<host_event*>(e); }
+
+  arcpool_status_t event_record(event_handle e, stream_handle s) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "event_record", &hs));
+    auto marker = std::make_shared<host_marker>();
+    auto* ev = static_cast<host_event*>(e);
+    {
+      std::lock_guard<std::mutex> lock(ev->mutex);
+      ev->last = marker;
+    }
+    hs->enqueue([marker] { marker->complete(); });
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t stream_wait_event(stream_handle s, event_handle e) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "stream_wait_event", &hs));
+    if (auto marker = static_cast<host_event*>(e)->current()) {
+      hs->enqueue([marker] { marker->wait(); });
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t event_query(event_handle e, bool* done) override {
+    ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work("event_query"));
+    auto marker = static_cast<host_event*>(e)->current();
+    *done = !marker || marker->done();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t event_synchronize(event_handle e) override {
+    ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work("event_synchronize"));
+    if (auto marker = static_cast<host_event*>(e)->current()) marker->wait();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t pool_allocate(size_t bytes, stream_handle s, void** out) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "pool_allocate", &hs));
+    const size_t rounded = round_up(bytes);
+    if (rounded < bytes) {
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes exceed the address space", bytes);
+    }
+    uint64_t reserved = counters_->reserved.load();
+    do {
+      if (rounded > capacity_ || reserved > capacity_ - rounded) {
+        return fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                    "host pool: %zu bytes requested, %llu of %zu bytes reserved", bytes,
+                    static_cast<unsigned long long>(reserved), capacity_);
+      }
+    } while (!counters_->reserved.compare_exchange_weak(reserved, reserved + rounded));
+    void* p = std::aligned_alloc(kHostAlignment, rounded);
+    if (p == nullptr) {
+      counters_->reserved.fetch_sub(rounded);
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "host pool: aligned_alloc(%zu) failed", rounded);
+    }
+    update_peak(reserved + rounded);
+    *out = p;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t pool_free(void* p, size_t bytes, stream_handle s) override {
+    std::shared_ptr<host_stream> hs;
+    ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "pool_free", &hs));
+    // The task owns a reference to the counters: it may run after the driver is gone.
+    hs->enqueue([counters = counters_, p, rounded = round_up(bytes)] {
+      std::free(p);
+      counters->reserved.fetch_sub(rounded);
+    });
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t pool_trim(size_t) override {
+    return check_not_in_host_work("pool_trim");  // nothing cached: memory goes back at free
+  }
+
+  pool_figures pool_query() override {
+    pool_figures f;
+    f.reserved_current = counters_->reserved.load();
+    f.reserved_peak = counters_->peak.load();
+    f.used_current = f.reserved_current;
+    return f;
+  }
+
+  void enter_reclaim_thread() noexcept override {}
+
+ private:
+  static size_t round_up(size_t bytes) {
+    return (std::max<size_t>(bytes, 1) + kHostAlignment - 1) & ~(kHostAlignment - 1);
+  }
+
+  void update_peak(uint64_t value) {
+    uint64_t peak = counters_->peak.load();
+    while (value > peak && !counters_->peak.compare_exchange_weak(peak, value)) {
+    }
+  }
+
+  static arcpool_status_t check_not_in_host_work(const char* what) {
+    if (in_host_work()) {
+      return fail(ARCPOOL_STATUS_NOT_PERMITTED,
+                  "host driver: %s called from inside stream-ordered host work", what);
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  static arcpool_status_t resolve(stream_handle s, const char* what,
+                                  std::shared_ptr<host_stream>* out) {
+    ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work(what));
+    *out = host_stream_find(s);
+    if (!*out) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "host driver: %s: %p is not a live stream",
+                  what, static_cast<void*>(s));
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  // As resolve, and refuses a capturing stream (the host driver builds no graphs).
+  static arcpool_status_t resolve_for_work(stream_handle s, const char* what,
+                                           std::shared_ptr<host_stream>* out) {
+    ARCPOOL_RETURN_IF_ERROR(resolve(s, what, out));
+    if ((*out)->capturing.load()) {
+      return fail(ARCPOOL_STATUS_UNSUPPORTED, "host driver: %s on capturing stream %p", what,
+                  static_cast<void*>(s));
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  const int device_;
+  const size_t capacity_;
+  struct pool_counters {
+    std::atomic<uint64_t> reserved{0};
+    std::atomic<uint64_t> peak{0};
+  };
+  const std::shared_ptr<pool_counters> counters_ = std::make_shared<pool_counters>();
+};
+
+}  // namespace
+
+std::unique_ptr<driver> make_host_driver(const driver_config& config, arcpool_status_t* status) {
+  *status = ARCPOOL_STATUS_SUCCESS;
+  return std::make_unique<host_driver>(config);
+}
+
+}  // namespace arcpool::detail

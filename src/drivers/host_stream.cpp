@@ -1,0 +1,177 @@
+#include "drivers/host_stream.hpp"
+
+#include <cstdlib>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace arcpool::detail {
+namespace {
+
+thread_local bool t_in_host_work = false;
+
+std::atomic<uint64_t> g_next_stream_id{1};
+
+/// Every host stream of the process. Leaked on purpose: allocators destroyed during static
+/// destruction may still reach it. An atexit hook joins the workers.
+class stream_table {
+ public:
+  static stream_table& instance() {
+    static stream_table* table = [] {
+      auto* t = new stream_table();
+      std::atexit([] { stream_table::instance().close_all(); });
+      return t;
+    }();
+    return *table;
+  }
+
+  stream_handle create() {
+    auto s = std::make_shared<host_stream>(g_next_stream_id.fetch_add(1));
+    auto handle = reinterpret_cast<stream_handle>(s.get());
+    std::lock_guard<std::mutex> lock(mutex_);
+    reap_locked();
+    streams_.emplace(handle, std::move(s));
+    return handle;
+  }
+
+  std::shared_ptr<host_stream> find(stream_handle handle) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (handle == legacy_default_stream() || handle == legacy_stream_alias()) {
+      if (!legacy_) legacy_ = std::make_shared<host_stream>(g_next_stream_id.fetch_add(1));
+      return legacy_;
+    }
+    auto it = streams_.find(handle);
+    return it == streams_.end() ? nullptr : it->second;
+  }
+
+  bool destroy(stream_handle handle) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = streams_.find(handle);
+    if (it == streams_.end()) return false;
+    retire_locked(std::move(it->second));
+    streams_.erase(it);
+    return true;
+  }
+
+  void retire(std::shared_ptr<host_stream> s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    retire_locked(std::move(s));
+  }
+
+ private:
+  void retire_locked(std::shared_ptr<host_stream> s) {
+    s->close();
+    retired_.push_back(std::move(s));
+  }
+
+  // Joins retired streams nobody else references (their destructor joins the worker).
+  void reap_locked() {
+    for (size_t i = 0; i < retired_.size();) {
+      if (retired_[i].use_count() == 1) {
+        retired_[i] = std::move(retired_.back());
+        retired_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void close_all() {
+    std::vector<std::shared_ptr<host_stream>> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& [handle, s] : streams_) all.push_back(s);
+      all.insert(all.end(), retired_.begin(), retired_.end());
+      if (legacy_) all.push_back(legacy_);
+    }
+    for (auto& s : all) s->close();
+    for (auto& s : all) s->synchronize();
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<stream_handle, std::shared_ptr<host_stream>> streams_;
+  std::vector<std::shared_ptr<host_stream>> retired_;
+  std::shared_ptr<host_stream> legacy_;
+};
+
+/// The calling thread's per-thread default stream; retired when the thread exits.
+struct per_thread_stream {
+  std::shared_ptr<host_stream> stream;
+  ~per_thread_stream() {
+    if (stream) stream_table::instance().retire(std::move(stream));
+  }
+};
+thread_local per_thread_stream t_per_thread_stream;
+
+}  // namespace
+
+bool in_host_work() noexcept { return t_in_host_work; }
+
+host_stream::host_stream(uint64_t id) : id_(id), worker_([this] { run(); }) {}
+
+host_stream::~host_stream() {
+  close();
+  if (worker_.joinable()) worker_.join();
+}
+
+void host_stream::enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!closing_) {
+      queue_.push_back(std::move(task));
+      ++enqueued_;
+      work_cv_.notify_one();
+      return;
+    }
+  }
+  // Closed (process teardown): run in the caller, in order after everything queued before.
+  synchronize();
+  const bool was_in_work = std::exchange(t_in_host_work, true);
+  task();
+  t_in_host_work = was_in_work;
+}
+
+void host_stream::synchronize() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t target = enqueued_;
+  done_cv_.wait(lock, [&] { return completed_ >= target; });
+}
+
+void host_stream::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closing_ = true;
+  work_cv_.notify_one();
+}
+
+void host_stream::run() {
+  t_in_host_work = true;
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // closing and drained
+    std::function<void()> task = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    task();
+    task = nullptr;  // destroy captured state outside the lock too
+    lock.lock();
+    ++completed_;
+    done_cv_.notify_all();
+  }
+}
+
+std::shared_ptr<host_stream> host_stream_find(stream_handle s) {
+  if (s == per_thread_default_stream()) {
+    if (!t_per_thread_stream.stream) {
+      t_per_thread_stream.stream = std::make_shared<host_stream>(g_next_stream_id.fetch_add(1));
+    }
+    return t_per_thread_stream.stream;
+  }
+  return stream_table::instance().find(s);
+}
+
+stream_handle host_stream_create() { return stream_table::instance().create(); }
+
+bool host_stream_destroy(stream_handle s) { return stream_table::instance().destroy(s); }
+
+}  // namespace arcpool::detail

@@ -1,0 +1,72 @@
+// Host-driver streams: a worker thread per stream running queued host work in order.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "drivers/driver.hpp"
+
+namespace arcpool::detail {
+
+/// True on a host stream's worker while it runs queued work (where driver calls are refused,
+/// as CUDA refuses them in host callbacks).
+bool in_host_work() noexcept;
+
+/// One in-order queue of host work and the thread that runs it.
+class host_stream {
+ public:
+  explicit host_stream(uint64_t id);
+  /// Closes the stream and joins its worker after the queue drained. Never call it from the
+  /// stream's own worker.
+  ~host_stream();
+  host_stream(const host_stream&) = delete;
+  host_stream& operator=(const host_stream&) = delete;
+
+  /// Process-unique identity.
+  uint64_t id() const noexcept { return id_; }
+
+  /// Appends `task` to the queue. On a closed stream the task runs inline, so nothing queued
+  /// after process teardown is lost.
+  void enqueue(std::function<void()> task);
+
+  /// Blocks until every task enqueued before this call has run.
+  void synchronize();
+
+  /// Accepts no more tasks; the worker exits once the queue is empty.
+  void close();
+
+  /// Simulated graph capture.
+  std::atomic<bool> capturing{false};
+
+ private:
+  void run();
+
+  const uint64_t id_;
+  std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t enqueued_ = 0;
+  uint64_t completed_ = 0;
+  bool closing_ = false;
+  std::thread worker_;
+};
+
+/// Resolves a stream handle to its host stream: NULL and cudaStreamLegacy name the process's
+/// legacy default stream, cudaStreamPerThread the calling thread's own stream, anything else a
+/// stream made by host_stream_create. Returns null for an unknown or destroyed handle.
+std::shared_ptr<host_stream> host_stream_find(stream_handle s);
+
+/// Creates a host stream and returns its handle.
+stream_handle host_stream_create();
+
+/// Closes and forgets the stream; queued work still runs. False for an unknown handle.
+bool host_stream_destroy(stream_handle s);
+
+}  // namespace arcpool::detail

@@ -1,0 +1,68 @@
+// Fences: recycled timing-disabled events standing for "all work queued on a stream up to here".
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "drivers/driver.hpp"
+#include "refcount.hpp"
+
+namespace arcpool::detail {
+
+class event_pool;
+
+/// One recorded event. Reference-counted: a fence held by a use record, a pending reclaim or an
+/// indeterminate allocation is never recycled until released (DESIGN.md §6).
+class fence {
+ public:
+  void retain() noexcept { refs_.increment(); }
+  /// Drops a reference; the last one returns the event to its pool.
+  void release() noexcept;
+
+  /// The event, for waits and queries.
+  event_handle event() const noexcept { return event_; }
+  /// Identity of the stream the event was recorded on.
+  uint64_t stream_id() const noexcept { return stream_id_; }
+
+ private:
+  friend class event_pool;
+  fence(event_pool* pool, event_handle event) noexcept : pool_(pool), event_(event) {}
+
+  refcount refs_{0};
+  event_pool* const pool_;
+  const event_handle event_;
+  uint64_t stream_id_ = 0;
+};
+
+using fence_ref = ref_ptr<fence>;
+
+/// A pool of timing-disabled events, one per allocator (and so per device). Events are created
+/// on demand, never per operation once warm, and recycled when their fence is released.
+class event_pool {
+ public:
+  /// `capacity`: events kept for reuse; more are destroyed when released.
+  event_pool(driver& drv, size_t capacity);
+  /// Destroys the cached events. Every fence must have been released.
+  ~event_pool();
+  event_pool(const event_pool&) = delete;
+  event_pool& operator=(const event_pool&) = delete;
+
+  /// Records a new fence on stream `s` (identity `stream_id`).
+  arcpool_status_t record(stream_handle s, uint64_t stream_id, fence_ref* out);
+
+  /// Events created so far (diagnostics and tests).
+  size_t events_created() const;
+
+ private:
+  friend class fence;
+  void recycle(fence* f) noexcept;
+
+  driver& driver_;
+  const size_t capacity_;
+  mutable std::mutex mutex_;
+  std::vector<fence*> free_;
+  size_t created_ = 0;
+};
+
+}  // namespace arcpool::detail

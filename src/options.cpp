@@ -1,0 +1,94 @@
+#include "options.hpp"
+
+#include <cstddef>
+
+#include "status.hpp"
+
+namespace arcpool::detail {
+namespace {
+
+arcpool_routing_t resolve_routing(arcpool_routing_t r, arcpool_routing_t fallback) {
+  return r == ARCPOOL_ROUTING_DEFAULT ? fallback : r;
+}
+
+bool valid_routing(arcpool_routing_t r) {
+  return r >= ARCPOOL_ROUTING_DEFAULT && r <= ARCPOOL_ROUTING_DEFERRED;
+}
+
+}  // namespace
+
+arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
+                                 allocator_config* out) {
+  arcpool_allocator_options_t defaults;
+  arcpool_allocator_options_init(&defaults);
+  const arcpool_allocator_options_t& o = options ? *options : defaults;
+  if (o.struct_size < offsetof(arcpool_allocator_options_t, on_out_of_memory_user_data) +
+                          sizeof(void*) ||
+      o.version != ARCPOOL_ALLOCATOR_OPTIONS_VERSION) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "allocator options: struct_size %zu / version %u do not match this library "
+                "(call arcpool_allocator_options_init)",
+                o.struct_size, o.version);
+  }
+  if (o.device < 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: device %d", o.device);
+  }
+  if (o.driver < ARCPOOL_DRIVER_AUTO || o.driver > ARCPOOL_DRIVER_HOST) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: driver %d",
+                static_cast<int>(o.driver));
+  }
+  if (o.pool_source < ARCPOOL_POOL_OWNED || o.pool_source > ARCPOOL_POOL_DEVICE_CURRENT) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: pool_source %d",
+                static_cast<int>(o.pool_source));
+  }
+  if (!valid_routing(o.foreign_stream_routing) || !valid_routing(o.use_record_routing)) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "allocator options: routing %d / %d is not an arcpool_routing_t",
+                static_cast<int>(o.foreign_stream_routing),
+                static_cast<int>(o.use_record_routing));
+  }
+  if (o.peer_device_count > 0 && o.peer_devices == nullptr) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "allocator options: peer_device_count %zu with peer_devices NULL",
+                o.peer_device_count);
+  }
+  allocator_config c;
+  c.driver.device = o.device;
+  c.driver.kind = o.driver;
+  c.driver.pool_source = o.pool_source;
+  c.driver.release_threshold = o.release_threshold;
+  c.driver.reuse_follow_event_dependencies = o.reuse_follow_event_dependencies != 0;
+  c.driver.reuse_allow_opportunistic = o.reuse_allow_opportunistic != 0;
+  c.driver.reuse_allow_internal_dependencies = o.reuse_allow_internal_dependencies != 0;
+  c.driver.max_pool_bytes = o.max_pool_bytes;
+  c.driver.ipc_handle_types = o.ipc_handle_types;
+  c.driver.peer_devices.assign(o.peer_devices, o.peer_devices + o.peer_device_count);
+  if (o.host_capacity_bytes != 0) c.driver.host_capacity_bytes = o.host_capacity_bytes;
+  c.hard_limit_bytes = o.hard_limit_bytes;
+  c.foreign_stream_routing =
+      resolve_routing(o.foreign_stream_routing, kDefaultForeignStreamRouting);
+  c.use_record_routing = resolve_routing(o.use_record_routing, kDefaultUseRecordRouting);
+  if (o.event_pool_capacity != 0) c.event_pool_capacity = o.event_pool_capacity;
+  c.on_out_of_memory = o.on_out_of_memory;
+  c.on_out_of_memory_user_data = o.on_out_of_memory_user_data;
+  *out = std::move(c);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+}  // namespace arcpool::detail
+
+extern "C" void arcpool_allocator_options_init(arcpool_allocator_options_t* options) {
+  if (options == nullptr) return;
+  *options = arcpool_allocator_options_t{};
+  options->struct_size = sizeof(arcpool_allocator_options_t);
+  options->version = ARCPOOL_ALLOCATOR_OPTIONS_VERSION;
+  options->device = 0;
+  options->driver = ARCPOOL_DRIVER_AUTO;
+  options->pool_source = ARCPOOL_POOL_OWNED;
+  options->release_threshold = UINT64_MAX;
+  options->reuse_follow_event_dependencies = 1;
+  options->reuse_allow_opportunistic = 1;
+  options->reuse_allow_internal_dependencies = 0;
+  options->foreign_stream_routing = ARCPOOL_ROUTING_DEFAULT;
+  options->use_record_routing = ARCPOOL_ROUTING_DEFAULT;
+}

@@ -1,0 +1,76 @@
+// The owner count and ownership state of an allocation in one atomic word (DESIGN.md §3), so
+// that every transition of the state table is a single compare-and-swap.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "arcpool/arcpool.h"
+
+namespace arcpool::detail {
+
+/// Outcome of an ownership transition, before it is turned into a status with a message.
+enum class ownership_result : uint8_t {
+  ok,                   ///< the transition happened
+  not_owner,            ///< NOT_OWNER: owner count 0, or other owners remain
+  already_deallocated,  ///< ALREADY_DEALLOCATED: DEALLOCATED or EXPORTED
+  overflow,             ///< the owner count would overflow
+};
+
+/// Owner count P and state. Word layout: state in the high 32 bits, P in the low 32 bits.
+class ownership {
+ public:
+  using state = arcpool_allocation_state_t;
+
+  /// A consistent reading of state and owner count.
+  struct snapshot {
+    state st;
+    uint32_t owners;
+  };
+
+  /// A live allocation with one owner.
+  ownership() noexcept : word_(pack(ARCPOOL_ALLOCATION_LIVE, 1)) {}
+
+  snapshot load() const noexcept { return unpack(word_.load(std::memory_order_acquire)); }
+
+  /// LIVE: P += 1. UNOWNED: not_owner (never resurrects). Else already_deallocated.
+  ownership_result preserve() noexcept;
+
+  /// LIVE: P -= 1, `was_last` when it reached 0 (→ UNOWNED; acq_rel, so the last owner sees
+  /// every other owner's writes). UNOWNED: not_owner (never wraps). Else already_deallocated.
+  ownership_result discard(bool* was_last) noexcept;
+
+  /// Checks whether the deallocation would be accepted, without changing anything.
+  ownership_result can_deallocate(bool force) const noexcept;
+
+  /// Accepts the one deallocation: LIVE with P == 1 (or any P with `force`), or UNOWNED,
+  /// → DEALLOCATED with P = 0. Else not_owner / already_deallocated.
+  ownership_result accept_deallocation(bool force) noexcept;
+
+  /// Accepts an export: as a non-forced deallocation, but → EXPORTED.
+  ownership_result accept_export() noexcept;
+
+  /// The last reference went while LIVE or UNOWNED: → DEALLOCATED (an implicit free).
+  /// Returns false if the allocation was already deallocated or exported.
+  bool accept_implicit_free() noexcept;
+
+  /// LIVE with P == 1.
+  bool is_terminal() const noexcept {
+    const snapshot s = load();
+    return s.st == ARCPOOL_ALLOCATION_LIVE && s.owners == 1;
+  }
+
+ private:
+  static constexpr uint64_t pack(state st, uint32_t owners) noexcept {
+    return (static_cast<uint64_t>(st) << 32) | owners;
+  }
+  static constexpr snapshot unpack(uint64_t word) noexcept {
+    return {static_cast<state>(word >> 32), static_cast<uint32_t>(word)};
+  }
+  static ownership_result check_deallocation(snapshot s, bool force) noexcept;
+  ownership_result end_ownership(bool force, state to) noexcept;
+
+  std::atomic<uint64_t> word_;
+};
+
+}  // namespace arcpool::detail

@@ -1,0 +1,58 @@
+#include "process_exit.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace arcpool::detail {
+namespace {
+
+std::atomic<bool> g_exiting{false};
+
+struct listener_table {
+  std::mutex mutex;
+  std::map<int, std::function<void()>> listeners;
+  int next = 0;
+};
+
+// Leaked on purpose: it must outlive every static allocator.
+listener_table& listeners() {
+  static auto* table = new listener_table();
+  return *table;
+}
+
+void on_exit() {
+  g_exiting.store(true);
+  std::map<int, std::function<void()>> to_run;
+  {
+    std::lock_guard<std::mutex> lock(listeners().mutex);
+    to_run.swap(listeners().listeners);
+  }
+  for (auto& [token, listener] : to_run) listener();
+}
+
+}  // namespace
+
+bool process_exiting() noexcept { return g_exiting.load(std::memory_order_relaxed); }
+
+void mark_process_exiting() noexcept { g_exiting.store(true); }
+
+void arm_exit_hook() noexcept {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(on_exit); });
+}
+
+int add_exit_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(listeners().mutex);
+  const int token = listeners().next++;
+  listeners().listeners.emplace(token, std::move(listener));
+  return token;
+}
+
+void remove_exit_listener(int token) noexcept {
+  std::lock_guard<std::mutex> lock(listeners().mutex);
+  listeners().listeners.erase(token);
+}
+
+}  // namespace arcpool::detail

@@ -1,0 +1,216 @@
+#include "reclaimer.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "process_exit.hpp"
+#include "status.hpp"
+
+namespace arcpool::detail {
+
+reclaimer::reclaimer(driver& drv, stats& counters) : driver_(drv), stats_(counters) {}
+
+reclaimer::~reclaimer() {
+  stop_worker(!process_exiting());
+  if (have_stream_ && !process_exiting()) driver_.stream_destroy(stream_);
+}
+
+void reclaimer::stop_worker(bool drain_first) {
+  if (drain_first) drain();
+  std::thread worker;
+  int listener = -1;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    work_cv_.notify_all();
+    worker = std::move(worker_);
+    listener = std::exchange(exit_listener_, -1);
+  }
+  if (listener >= 0) remove_exit_listener(listener);
+  if (worker.joinable()) {
+    if (worker.get_id() == std::this_thread::get_id()) {
+      worker.detach();  // the last allocator reference went from inside an on_free callback
+    } else {
+      worker.join();
+    }
+  }
+}
+
+void reclaimer::enqueue(reclaim_item item) {
+  if (item.on_free == nullptr) stats_.bytes_pending_free.add(item.bytes);
+  stats::count(stats_.deferred_frees);
+  std::lock_guard<std::mutex> lock(mutex_);
+  items_.push_back(std::move(item));
+  start_locked();
+  work_cv_.notify_one();
+}
+
+size_t reclaimer::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return items_.size() + completing_;
+}
+
+void reclaimer::start_locked() {
+  if (worker_.joinable() || stop_) return;
+  worker_ = std::thread([this] { run(); });
+  exit_listener_ = add_exit_listener([this] { stop_worker(false); });
+}
+
+arcpool_status_t reclaimer::reclaim_stream(stream_handle* out) {
+  std::lock_guard<std::mutex> lock(stream_mutex_);
+  if (!have_stream_) {
+    ARCPOOL_RETURN_IF_ERROR(driver_.stream_create(&stream_));
+    have_stream_ = true;
+  }
+  *out = stream_;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+bool reclaimer::poll(reclaim_item& item, bool* failed) {
+  while (!item.fences.empty()) {
+    bool done = false;
+    if (driver_.event_query(item.fences.back()->event(), &done) != ARCPOOL_STATUS_SUCCESS) {
+      *failed = true;
+      return true;
+    }
+    if (!done) return false;
+    item.fences.pop_back();
+  }
+  return true;
+}
+
+void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
+  item.fences.clear();
+  if (item.on_free != nullptr) {
+    if (failed) stats::count(stats_.reclaim_failures);
+    // Exactly once, outside every lock; a throwing callback must not take the worker down.
+    try {
+      item.on_free(item.pointer, item.bytes, item.on_free_user_data);
+    } catch (...) {
+    }
+    return;
+  }
+  stats_.bytes_pending_free.sub(item.bytes);
+  if (failed || process_exiting()) {
+    if (failed) stats::count(stats_.reclaim_failures);
+    stats_.bytes_held.sub(item.bytes);
+    return;
+  }
+  arcpool_status_t status = ARCPOOL_STATUS_UNSUPPORTED;
+  if (prefer_origin && item.origin.entry) {
+    status = item.origin.entry->with_alive(
+        [&](stream_handle origin) {
+          bool capturing = true;
+          if (driver_.stream_is_capturing(origin, &capturing) != ARCPOOL_STATUS_SUCCESS ||
+              capturing) {
+            return ARCPOOL_STATUS_UNSUPPORTED;
+          }
+          return driver_.pool_free(item.pointer, item.bytes, origin);
+        },
+        ARCPOOL_STATUS_UNSUPPORTED);
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    if (item.routed_to_origin) stats::count(stats_.origin_routed_frees);
+  } else {
+    if (item.routed_to_origin) stats::count(stats_.origin_fallbacks);
+    stream_handle s = nullptr;
+    status = reclaim_stream(&s);
+    if (status == ARCPOOL_STATUS_SUCCESS) status = driver_.pool_free(item.pointer, item.bytes, s);
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    stats::count(stats_.frees);
+  } else {
+    stats::count(stats_.reclaim_failures);
+  }
+  stats_.bytes_held.sub(item.bytes);
+}
+
+std::vector<std::pair<reclaim_item, bool>> reclaimer::take_completed_locked() {
+  // Queries never block, so they run under the lock; completion runs outside it.
+  std::vector<std::pair<reclaim_item, bool>> done;
+  for (size_t i = 0; i < items_.size();) {
+    bool failed = false;
+    if (poll(items_[i], &failed)) {
+      done.emplace_back(std::move(items_[i]), failed);
+      items_[i] = std::move(items_.back());
+      items_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  completing_ += done.size();
+  return done;
+}
+
+size_t reclaimer::poll_once() {
+  std::vector<std::pair<reclaim_item, bool>> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done = take_completed_locked();
+  }
+  for (auto& [item, failed] : done) complete(item, failed, /*prefer_origin=*/true);
+  std::lock_guard<std::mutex> lock(mutex_);
+  completing_ -= done.size();
+  idle_cv_.notify_all();
+  return done.size();
+}
+
+void reclaimer::run() {
+  driver_.enter_reclaim_thread();
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto backoff = kMinBackoff;
+  for (;;) {
+    if (stop_ || process_exiting()) return;
+    if (items_.empty()) {
+      work_cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
+      backoff = kMinBackoff;
+      continue;
+    }
+    std::vector<std::pair<reclaim_item, bool>> done = take_completed_locked();
+    if (done.empty()) {
+      work_cv_.wait_for(lock, backoff);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+      continue;
+    }
+    lock.unlock();
+    for (auto& [item, failed] : done) complete(item, failed, /*prefer_origin=*/true);
+    lock.lock();
+    completing_ -= done.size();
+    idle_cv_.notify_all();
+    backoff = kMinBackoff;
+  }
+}
+
+arcpool_status_t reclaimer::drain() {
+  std::vector<reclaim_item> items;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    items.swap(items_);
+    // Frees the worker is completing right now must land before we report; not when we are
+    // the worker (an on_free callback that allocated and ran out of memory).
+    if (worker_.get_id() != std::this_thread::get_id()) {
+      idle_cv_.wait(lock, [&] { return completing_ == 0; });
+    }
+  }
+  arcpool_status_t first_error = ARCPOOL_STATUS_SUCCESS;
+  bool freed = false;
+  for (auto& item : items) {
+    bool failed = false;
+    for (auto& f : item.fences) {
+      if (driver_.event_synchronize(f->event()) != ARCPOOL_STATUS_SUCCESS) failed = true;
+    }
+    if (failed && first_error == ARCPOOL_STATUS_SUCCESS) first_error = ARCPOOL_STATUS_CUDA_ERROR;
+    freed = freed || item.on_free == nullptr;
+    complete(item, failed, /*prefer_origin=*/false);
+  }
+  if (freed) {
+    stream_handle s = nullptr;
+    if (reclaim_stream(&s) == ARCPOOL_STATUS_SUCCESS) {
+      const arcpool_status_t status = driver_.stream_synchronize(s);
+      if (first_error == ARCPOOL_STATUS_SUCCESS) first_error = status;
+    }
+  }
+  return first_error;
+}
+
+}  // namespace arcpool::detail

@@ -1,0 +1,100 @@
+// The reclaim worker of one allocator: polls the fences of deferred frees and gives the memory
+// back once they all completed, on the origin stream when it is provably alive, else on its own
+// non-blocking reclaim stream (DESIGN.md §4, strategy 3). Never blocks a stream; never runs
+// from a CUDA host callback.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "drivers/driver.hpp"
+#include "fence.hpp"
+#include "stats.hpp"
+#include "stream.hpp"
+
+namespace arcpool::detail {
+
+/// One deferred free: memory to give back (or foreign memory to report through `on_free`)
+/// once every fence has completed.
+struct reclaim_item {
+  void* pointer = nullptr;  ///< the pool's pointer, or the imported pointer
+  size_t bytes = 0;         ///< pool bytes (held bytes), or the imported size
+  std::vector<fence_ref> fences;
+  stream_ref origin;  ///< preferred stream for the pool free
+  /// External memory: called instead of a pool free (null for pool memory).
+  arcpool_on_free_t on_free = nullptr;
+  void* on_free_user_data = nullptr;
+  /// True when the item came from a deallocation routed for the origin's sake (counted as
+  /// origin-routed or fallback when it completes).
+  bool routed_to_origin = false;
+};
+
+class reclaimer {
+ public:
+  reclaimer(driver& drv, stats& counters);
+  /// Completes every pending item (blocking on its fences) and joins the worker. When the
+  /// process is exiting it only stops the worker: no CUDA call after teardown.
+  ~reclaimer();
+  reclaimer(const reclaimer&) = delete;
+  reclaimer& operator=(const reclaimer&) = delete;
+
+  /// Queues `item`; the worker gives it back once its fences completed. Never blocks.
+  void enqueue(reclaim_item item);
+
+  /// Completes every pending item now: blocks on its fences, frees on the reclaim stream and
+  /// synchronizes that stream, so the memory is reusable when it returns. For out-of-memory
+  /// retries, trim and teardown.
+  arcpool_status_t drain();
+
+  /// Runs one polling pass on the calling thread, as the worker does: completes every item
+  /// whose fences all completed. Returns how many it completed. Tests use it to prove that
+  /// nothing is given back while a fence is outstanding.
+  size_t poll_once();
+
+  /// True on the worker thread (inside an on_free callback).
+  bool on_worker_thread() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return worker_.get_id() == std::this_thread::get_id();
+  }
+
+  /// Items queued and not yet completed.
+  size_t pending() const;
+
+ private:
+  void run();
+  /// Moves every item whose fences completed out of `items_` (lock held).
+  std::vector<std::pair<reclaim_item, bool>> take_completed_locked();
+  void start_locked();
+  void stop_worker(bool drain_first);
+  /// Drops completed fences from the back of `item`; true when none is left (or one failed,
+  /// which `failed` reports).
+  bool poll(reclaim_item& item, bool* failed);
+  /// Gives `item` back. Outside the lock.
+  void complete(reclaim_item& item, bool failed, bool prefer_origin);
+  arcpool_status_t reclaim_stream(stream_handle* out);
+
+  driver& driver_;
+  stats& stats_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable idle_cv_;
+  std::vector<reclaim_item> items_;
+  size_t completing_ = 0;  ///< items the worker moved out and is completing now
+  bool stop_ = false;
+  std::thread worker_;
+  int exit_listener_ = -1;
+
+  std::mutex stream_mutex_;
+  bool have_stream_ = false;
+  stream_handle stream_ = nullptr;
+
+  static constexpr std::chrono::microseconds kMinBackoff{20};
+  static constexpr std::chrono::microseconds kMaxBackoff{1000};
+};
+
+}  // namespace arcpool::detail

@@ -1,0 +1,17 @@
+#include "stream.hpp"
+
+#include "status.hpp"
+
+namespace arcpool::detail {
+
+arcpool_status_t stream_entry::retire(event_pool& events) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  if (!alive_) return ARCPOOL_STATUS_SUCCESS;
+  fence_ref last;
+  ARCPOOL_RETURN_IF_ERROR(events.record(handle_, id_, &last));
+  final_ = std::move(last);
+  alive_ = false;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+}  // namespace arcpool::detail

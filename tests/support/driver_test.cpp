@@ -1,0 +1,149 @@
+#include "support/driver_test.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace arcpool::test {
+
+bool gpu_required() {
+  const char* env = std::getenv("ARCPOOL_REQUIRE_GPU");
+  return env != nullptr && std::strcmp(env, "1") == 0;
+}
+
+std::string cuda_unavailable_reason() {
+  static const std::string reason = [] {
+    std::string why;
+    return detail::cuda_device_usable(0, &why) ? std::string() : why;
+  }();
+  return reason;
+}
+
+void DriverTest::SetUp() {
+  if (GetParam() == ARCPOOL_DRIVER_CUDA) ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = GetParam();
+  customize(options);
+  ASSERT_OK(arcpool_allocator_create(&options, &alloc_));
+  probe_ = on_host() ? make_host_probe(alloc_) : make_cuda_probe();
+}
+
+void DriverTest::TearDown() {
+  if (alloc_ == nullptr) return;
+  for (auto& g : gates_)
+    g->open();
+  for (const exported_block& b : exported_)
+    free_exported(b.pointer, b.bytes, b.stream);
+  for (arcpool_stream_t s : streams_)
+    sync(s);
+  for (arcpool_stream_t s : app_streams_)
+    sync(s);
+  gates_.clear();
+  markers_.clear();
+  for (arcpool_stream_t s : app_streams_)
+    core().drv().stream_destroy(s);
+  for (arcpool_stream_t s : streams_)
+    arcpool_stream_destroy(alloc_, s);
+  probe_.reset();
+  arcpool_allocator_destroy(alloc_);
+  alloc_ = nullptr;
+}
+
+detail::allocator& DriverTest::core() const {
+  return *detail::from_handle(alloc_);
+}
+
+arcpool_stream_t DriverTest::make_stream() {
+  arcpool_stream_t s = nullptr;
+  EXPECT_OK(arcpool_stream_create(alloc_, &s));
+  streams_.push_back(s);
+  return s;
+}
+
+arcpool_stream_t DriverTest::make_app_stream() {
+  arcpool_stream_t s = nullptr;
+  EXPECT_OK(core().drv().stream_create(&s));
+  app_streams_.push_back(s);
+  return s;
+}
+
+void DriverTest::destroy_app_stream(arcpool_stream_t s) {
+  sync(s);
+  for (auto it = app_streams_.begin(); it != app_streams_.end(); ++it) {
+    if (*it == s) {
+      app_streams_.erase(it);
+      break;
+    }
+  }
+  EXPECT_OK(core().drv().stream_destroy(s));
+}
+
+void DriverTest::sync(arcpool_stream_t s) {
+  EXPECT_OK(core().drv().stream_synchronize(s));
+}
+
+gate& DriverTest::block(arcpool_stream_t s) {
+  gates_.push_back(probe_->block(s));
+  return *gates_.back();
+}
+
+std::shared_ptr<marker> DriverTest::mark(arcpool_stream_t s) {
+  markers_.push_back(probe_->mark(s));
+  return markers_.back();
+}
+
+arcpool_allocation_t* DriverTest::allocate(size_t bytes, arcpool_stream_t s, uint32_t flags) {
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_OK(arcpool_allocate_async(alloc_, bytes, 0, s, flags, &a));
+  return a;
+}
+
+arcpool_stats_t DriverTest::stats() const {
+  arcpool_stats_t s{};
+  s.struct_size = sizeof(s);
+  s.version = ARCPOOL_STATS_VERSION;
+  EXPECT_OK(arcpool_stats_get(alloc_, &s));
+  return s;
+}
+
+arcpool_allocation_info_t DriverTest::info(const arcpool_allocation_t* a) const {
+  arcpool_allocation_info_t i{};
+  i.struct_size = sizeof(i);
+  i.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+  EXPECT_OK(arcpool_allocation_info(a, &i));
+  return i;
+}
+
+arcpool_allocation_t* DriverTest::make_in_state(arcpool_allocation_state_t state,
+                                                arcpool_stream_t s, uint32_t owners) {
+  arcpool_allocation_t* a = allocate(4096, s);
+  for (uint32_t i = 1; i < owners; ++i)
+    EXPECT_OK(arcpool_allocation_preserve(a));
+  switch (state) {
+    case ARCPOOL_ALLOCATION_LIVE:
+      break;
+    case ARCPOOL_ALLOCATION_UNOWNED: {
+      int last = 0;
+      EXPECT_OK(arcpool_allocation_discard(a, &last));
+      EXPECT_EQ(1, last);
+      break;
+    }
+    case ARCPOOL_ALLOCATION_DEALLOCATED:
+      EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+      break;
+    case ARCPOOL_ALLOCATION_EXPORTED: {
+      void* p = nullptr;
+      EXPECT_OK(arcpool_allocation_export(a, &p));
+      exported_.push_back({p, 4096, s});
+      break;
+    }
+  }
+  EXPECT_EQ(state, info(a).state);
+  return a;
+}
+
+void DriverTest::free_exported(void* pointer, size_t bytes, arcpool_stream_t s) {
+  EXPECT_OK(core().drv().pool_free(pointer, bytes, s));
+}
+
+}  // namespace arcpool::test

@@ -1,0 +1,116 @@
+// The fixture every conformance test uses: written once, instantiated for the host and the CUDA
+// driver. CUDA instances skip (with the reason) when no GPU is usable, and fail instead when
+// ARCPOOL_REQUIRE_GPU=1.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allocator.hpp"
+#include "arcpool/arcpool.h"
+#include "support/stream_probe.hpp"
+
+namespace arcpool::test {
+
+/// True when ARCPOOL_REQUIRE_GPU=1: GPU tests must run, not skip.
+bool gpu_required();
+
+/// Why the CUDA driver cannot run here ("" when it can).
+std::string cuda_unavailable_reason();
+
+/// Skips (or fails, when a GPU is required) unless the CUDA driver can run.
+#define ARCPOOL_REQUIRE_CUDA_OR_SKIP()                                                      \
+  do {                                                                                      \
+    if (const std::string why = ::arcpool::test::cuda_unavailable_reason(); !why.empty()) { \
+      if (::arcpool::test::gpu_required()) FAIL() << "ARCPOOL_REQUIRE_GPU=1 but " << why;   \
+      GTEST_SKIP() << "CUDA driver not run: " << why;                                       \
+    }                                                                                       \
+  } while (0)
+
+/// Expects `expr` to return `status`; on mismatch prints the last error.
+#define EXPECT_STATUS(status, expr)                                               \
+  do {                                                                            \
+    const arcpool_status_t arcpool_got_ = (expr);                                 \
+    EXPECT_EQ(arcpool_status_string(status), arcpool_status_string(arcpool_got_)) \
+        << #expr << ": " << arcpool_last_error();                                 \
+  } while (0)
+#define ASSERT_OK(expr)                                                                       \
+  do {                                                                                        \
+    const arcpool_status_t arcpool_got_ = (expr);                                             \
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_got_) << #expr << ": " << arcpool_last_error(); \
+  } while (0)
+#define EXPECT_OK(expr) EXPECT_STATUS(ARCPOOL_STATUS_SUCCESS, expr)
+
+/// Base fixture: one allocator on the parameter's driver, streams, gates and markers.
+class DriverTest : public ::testing::TestWithParam<arcpool_driver_kind_t> {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  /// Adjusts the allocator options before creation.
+  virtual void customize(arcpool_allocator_options_t& options) { (void)options; }
+
+  /// The allocator's internals (tests reach the reclaimer and the driver through it).
+  detail::allocator& core() const;
+  bool on_host() const { return GetParam() == ARCPOOL_DRIVER_HOST; }
+
+  /// A stream made by arcpool_stream_create (provably alive).
+  arcpool_stream_t make_stream();
+  /// An application stream arcpool does not know (not registered).
+  arcpool_stream_t make_app_stream();
+  /// Destroys an application stream made by make_app_stream.
+  void destroy_app_stream(arcpool_stream_t s);
+  void sync(arcpool_stream_t s);
+
+  /// Blocks `s` until the gate opens (a latch in queued host work, or a stream wait on memory).
+  gate& block(arcpool_stream_t s);
+  /// A marker set when `s` reaches this point.
+  std::shared_ptr<marker> mark(arcpool_stream_t s);
+
+  /// Allocates, expecting success. The test releases the handle (LeakSanitizer checks).
+  arcpool_allocation_t* allocate(size_t bytes, arcpool_stream_t s, uint32_t flags = 0);
+
+  arcpool_stats_t stats() const;
+  /// Bytes the pool has handed out and not yet taken back (host: exact; frees executed).
+  uint64_t pool_used() const { return stats().pool_used_bytes_current; }
+
+  /// Reads an allocation's state.
+  arcpool_allocation_info_t info(const arcpool_allocation_t* a) const;
+
+  /// A 4 KiB allocation on `s` brought into `state` (LIVE with `owners` claims, UNOWNED,
+  /// DEALLOCATED or EXPORTED). Exported memory is freed at teardown.
+  arcpool_allocation_t* make_in_state(arcpool_allocation_state_t state, arcpool_stream_t s,
+                                      uint32_t owners = 1);
+  /// Frees exported memory the way its new owner must (cudaFreeAsync / the host pool).
+  void free_exported(void* pointer, size_t bytes, arcpool_stream_t s);
+
+  arcpool_allocator_t* alloc_ = nullptr;
+  std::unique_ptr<stream_probe> probe_;
+
+ private:
+  std::vector<arcpool_stream_t> streams_;
+  std::vector<arcpool_stream_t> app_streams_;
+  // Gates and markers live until teardown, after every stream drained: a CUDA marker's word
+  // must stay mapped until the stream wrote it.
+  std::vector<std::unique_ptr<gate>> gates_;
+  std::vector<std::shared_ptr<marker>> markers_;
+  struct exported_block {
+    void* pointer;
+    size_t bytes;
+    arcpool_stream_t stream;
+  };
+  std::vector<exported_block> exported_;
+};
+
+/// Instantiates a DriverTest-derived suite for both drivers.
+#define ARCPOOL_INSTANTIATE_FOR_DRIVERS(Suite)                                            \
+  INSTANTIATE_TEST_SUITE_P(Drivers, Suite,                                                \
+                           ::testing::Values(ARCPOOL_DRIVER_HOST, ARCPOOL_DRIVER_CUDA),   \
+                           [](const ::testing::TestParamInfo<arcpool_driver_kind_t>& i) { \
+                             return std::string(arcpool_driver_name(i.param));            \
+                           })
+
+}  // namespace arcpool::test
