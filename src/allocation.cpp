@@ -19,8 +19,7 @@ void allocation::release() noexcept {
 std::string allocation::describe() const {
   char text[96];
   std::snprintf(text, sizeof(text), "allocation #%llu (%zu bytes at %p)",
-                static_cast<unsigned long long>(placement.serial), placement.size,
-                placement.data);
+                static_cast<unsigned long long>(placement.serial), placement.size, placement.data);
   return text;
 }
 

@@ -17,7 +17,9 @@ constexpr uint32_t kRoutingFlags = ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE |
                                    ARCPOOL_DEALLOCATE_FLAG_DEFERRED;
 constexpr uint32_t kDeallocateFlags = ARCPOOL_DEALLOCATE_FLAG_FORCE | kRoutingFlags;
 
-bool is_power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+bool is_power_of_two(size_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
 
 void* align_up(void* p, size_t alignment) {
   const auto v = reinterpret_cast<uintptr_t>(p);
@@ -222,8 +224,8 @@ arcpool_status_t allocator::try_pool_allocate(size_t bytes, const stream_ref& s,
   return status;
 }
 
-arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested,
-                                               const stream_ref& s, void** out) {
+arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
+                                               void** out) {
   arcpool_status_t status = try_pool_allocate(bytes, s, out);
   if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
   // Out of memory: complete pending reclaims, retry once, then ask the user's callback.
@@ -249,13 +251,12 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested,
               static_cast<unsigned long long>(pool.used_current), config_.hard_limit_bytes);
 }
 
-arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s,
-                                     uint32_t flags, allocation** out) {
+arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
+                                     allocation** out) {
   if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
   if (!is_power_of_two(alignment) || alignment > ARCPOOL_MAX_ALIGNMENT) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
-                "alignment %zu is not a power of two up to %zu", alignment,
-                ARCPOOL_MAX_ALIGNMENT);
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "alignment %zu is not a power of two up to %zu",
+                alignment, ARCPOOL_MAX_ALIGNMENT);
   }
   if ((flags & ~uint32_t{ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME}) != 0) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown allocation flags 0x%x", flags);
@@ -299,8 +300,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
 }
 
 arcpool_status_t allocator::import(void* pointer, size_t size, stream_handle s, uint32_t flags,
-                                   arcpool_on_free_t on_free, void* user_data,
-                                   allocation** out) {
+                                   arcpool_on_free_t on_free, void* user_data, allocation** out) {
   const bool consume = flags & ARCPOOL_IMPORT_FLAG_CONSUME;
   // A consuming import owns the foreign claim from the start: every failure frees it.
   auto failed = [&](arcpool_status_t status) {
@@ -385,8 +385,7 @@ static arcpool_status_t check_usable(const allocation& a, const char* what) {
     return ARCPOOL_STATUS_SUCCESS;
   }
   return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "%s of %s: it was already %s", what,
-              a.describe().c_str(),
-              st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
+              a.describe().c_str(), st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -569,8 +568,7 @@ void allocator::on_last_reference(allocation* a) noexcept {
       // A leaked owner: free stream-ordered on the current stream (alive by contract, or
       // retired, in which case its final fence goes to the reclaimer).
       const stream_ref caller = a->current;
-      if (finish_deallocation(*a, caller, 0, /*implicit=*/true, lock) !=
-          ARCPOOL_STATUS_SUCCESS) {
+      if (finish_deallocation(*a, caller, 0, /*implicit=*/true, lock) != ARCPOOL_STATUS_SUCCESS) {
         stats::count(stats_.reclaim_failures);  // e.g. capturing, or a sticky CUDA error
       }
       if (!lock.owns_lock()) lock.lock();
@@ -625,9 +623,8 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s) {
     ARCPOOL_RETURN_IF_ERROR(take_fence(user, &record.fence));
   }
   record.stream = std::move(user);
-  auto same = std::find_if(a.uses.begin(), a.uses.end(), [&](const use_record& u) {
-    return u.stream.id == record.stream.id;
-  });
+  auto same = std::find_if(a.uses.begin(), a.uses.end(),
+                           [&](const use_record& u) { return u.stream.id == record.stream.id; });
   if (same != a.uses.end()) {
     *same = std::move(record);
   } else {
@@ -678,6 +675,8 @@ arcpool_status_t allocator::trim(size_t keep_bytes) {
   return driver_->pool_trim(keep_bytes);
 }
 
-void allocator::read_stats(arcpool_stats_t* out) const { stats_.read(driver_->pool_query(), out); }
+void allocator::read_stats(arcpool_stats_t* out) const {
+  stats_.read(driver_->pool_query(), out);
+}
 
 }  // namespace arcpool::detail

@@ -47,24 +47,31 @@ arcpool_status_t copy_versioned(const T& full, T* out, const char* function) {
                 size);
   }
   const size_t n = size < sizeof(T) ? size : sizeof(T);
-  std::memcpy(reinterpret_cast<char*>(out) + kHeader, reinterpret_cast<const char*>(&full) + kHeader,
-              n - kHeader);
+  std::memcpy(reinterpret_cast<char*>(out) + kHeader,
+              reinterpret_cast<const char*>(&full) + kHeader, n - kHeader);
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-allocation& record_of(arcpool_allocation_t* handle) { return *handle->record; }
+allocation& record_of(arcpool_allocation_t* handle) {
+  return *handle->record;
+}
 
 }  // namespace
 
 extern "C" {
 
-int arcpool_version(void) { return ARCPOOL_VERSION; }
+int arcpool_version(void) {
+  return ARCPOOL_VERSION;
+}
 
 const char* arcpool_driver_name(arcpool_driver_kind_t kind) {
   switch (kind) {
-    case ARCPOOL_DRIVER_AUTO: return "auto";
-    case ARCPOOL_DRIVER_CUDA: return "cuda";
-    case ARCPOOL_DRIVER_HOST: return "host";
+    case ARCPOOL_DRIVER_AUTO:
+      return "auto";
+    case ARCPOOL_DRIVER_CUDA:
+      return "cuda";
+    case ARCPOOL_DRIVER_HOST:
+      return "host";
   }
   return "unknown";
 }
@@ -152,15 +159,14 @@ arcpool_status_t arcpool_allocate_async(arcpool_allocator_t* allocator, size_t s
   ARCPOOL_REQUIRE_ARG(out_allocation);
   return guarded([&] {
     allocation* a = nullptr;
-    ARCPOOL_RETURN_IF_ERROR(
-        from_handle(allocator)->allocate(size, alignment, stream, flags, &a));
+    ARCPOOL_RETURN_IF_ERROR(from_handle(allocator)->allocate(size, alignment, stream, flags, &a));
     *out_allocation = a;
     return ARCPOOL_STATUS_SUCCESS;
   });
 }
 
-arcpool_status_t arcpool_deallocate_async(arcpool_allocation_t* allocation,
-                                          arcpool_stream_t stream, uint32_t flags) {
+arcpool_status_t arcpool_deallocate_async(arcpool_allocation_t* allocation, arcpool_stream_t stream,
+                                          uint32_t flags) {
   ARCPOOL_REQUIRE_ARG(allocation);
   return guarded([&] {
     auto& a = record_of(allocation);

@@ -22,8 +22,8 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
   arcpool_allocator_options_t defaults;
   arcpool_allocator_options_init(&defaults);
   const arcpool_allocator_options_t& o = options ? *options : defaults;
-  if (o.struct_size < offsetof(arcpool_allocator_options_t, on_out_of_memory_user_data) +
-                          sizeof(void*) ||
+  if (o.struct_size <
+          offsetof(arcpool_allocator_options_t, on_out_of_memory_user_data) + sizeof(void*) ||
       o.version != ARCPOOL_ALLOCATOR_OPTIONS_VERSION) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 "allocator options: struct_size %zu / version %u do not match this library "
@@ -44,8 +44,7 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
   if (!valid_routing(o.foreign_stream_routing) || !valid_routing(o.use_record_routing)) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 "allocator options: routing %d / %d is not an arcpool_routing_t",
-                static_cast<int>(o.foreign_stream_routing),
-                static_cast<int>(o.use_record_routing));
+                static_cast<int>(o.foreign_stream_routing), static_cast<int>(o.use_record_routing));
   }
   if (o.peer_device_count > 0 && o.peer_devices == nullptr) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,

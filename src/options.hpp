@@ -23,7 +23,6 @@ struct allocator_config {
 };
 
 /// Validates `options` (NULL: all defaults) into `out`. INVALID_ARGUMENT names the bad field.
-arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
-                                 allocator_config* out);
+arcpool_status_t resolve_options(const arcpool_allocator_options_t* options, allocator_config* out);
 
 }  // namespace arcpool::detail

@@ -29,14 +29,19 @@ void on_exit() {
     std::lock_guard<std::mutex> lock(listeners().mutex);
     to_run.swap(listeners().listeners);
   }
-  for (auto& [token, listener] : to_run) listener();
+  for (auto& [token, listener] : to_run)
+    listener();
 }
 
 }  // namespace
 
-bool process_exiting() noexcept { return g_exiting.load(std::memory_order_relaxed); }
+bool process_exiting() noexcept {
+  return g_exiting.load(std::memory_order_relaxed);
+}
 
-void mark_process_exiting() noexcept { g_exiting.store(true); }
+void mark_process_exiting() noexcept {
+  g_exiting.store(true);
+}
 
 void arm_exit_hook() noexcept {
   static std::once_flag once;

@@ -112,7 +112,8 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
   if (status == ARCPOOL_STATUS_SUCCESS) {
     if (item.routed_to_origin) stats::count(stats_.origin_routed_frees);
   } else {
-    if (item.routed_to_origin) stats::count(stats_.origin_fallbacks);
+    // Counted only when the origin was tried: a drain frees on the reclaim stream on purpose.
+    if (prefer_origin && item.routed_to_origin) stats::count(stats_.origin_fallbacks);
     stream_handle s = nullptr;
     status = reclaim_stream(&s);
     if (status == ARCPOOL_STATUS_SUCCESS) status = driver_.pool_free(item.pointer, item.bytes, s);
@@ -148,7 +149,8 @@ size_t reclaimer::poll_once() {
     std::lock_guard<std::mutex> lock(mutex_);
     done = take_completed_locked();
   }
-  for (auto& [item, failed] : done) complete(item, failed, /*prefer_origin=*/true);
+  for (auto& [item, failed] : done)
+    complete(item, failed, /*prefer_origin=*/true);
   std::lock_guard<std::mutex> lock(mutex_);
   completing_ -= done.size();
   idle_cv_.notify_all();
@@ -173,7 +175,8 @@ void reclaimer::run() {
       continue;
     }
     lock.unlock();
-    for (auto& [item, failed] : done) complete(item, failed, /*prefer_origin=*/true);
+    for (auto& [item, failed] : done)
+      complete(item, failed, /*prefer_origin=*/true);
     lock.lock();
     completing_ -= done.size();
     idle_cv_.notify_all();

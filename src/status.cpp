@@ -20,9 +20,13 @@ arcpool_status_t fail(arcpool_status_t status, const char* format, ...) {
   return status;
 }
 
-void append_to_last_error(const char* context) { t_last_error += context; }
+void append_to_last_error(const char* context) {
+  t_last_error += context;
+}
 
-const std::string& last_error() noexcept { return t_last_error; }
+const std::string& last_error() noexcept {
+  return t_last_error;
+}
 
 }  // namespace arcpool::detail
 
@@ -30,20 +34,32 @@ extern "C" {
 
 const char* arcpool_status_string(arcpool_status_t status) {
   switch (status) {
-    case ARCPOOL_STATUS_SUCCESS: return "ARCPOOL_STATUS_SUCCESS";
-    case ARCPOOL_STATUS_INVALID_ARGUMENT: return "ARCPOOL_STATUS_INVALID_ARGUMENT";
-    case ARCPOOL_STATUS_OUT_OF_MEMORY: return "ARCPOOL_STATUS_OUT_OF_MEMORY";
-    case ARCPOOL_STATUS_NOT_OWNER: return "ARCPOOL_STATUS_NOT_OWNER";
-    case ARCPOOL_STATUS_ALREADY_DEALLOCATED: return "ARCPOOL_STATUS_ALREADY_DEALLOCATED";
-    case ARCPOOL_STATUS_UNKNOWN_POINTER: return "ARCPOOL_STATUS_UNKNOWN_POINTER";
-    case ARCPOOL_STATUS_UNSUPPORTED: return "ARCPOOL_STATUS_UNSUPPORTED";
-    case ARCPOOL_STATUS_CUDA_ERROR: return "ARCPOOL_STATUS_CUDA_ERROR";
-    case ARCPOOL_STATUS_NOT_PERMITTED: return "ARCPOOL_STATUS_NOT_PERMITTED";
-    case ARCPOOL_STATUS_NO_DEVICE: return "ARCPOOL_STATUS_NO_DEVICE";
+    case ARCPOOL_STATUS_SUCCESS:
+      return "ARCPOOL_STATUS_SUCCESS";
+    case ARCPOOL_STATUS_INVALID_ARGUMENT:
+      return "ARCPOOL_STATUS_INVALID_ARGUMENT";
+    case ARCPOOL_STATUS_OUT_OF_MEMORY:
+      return "ARCPOOL_STATUS_OUT_OF_MEMORY";
+    case ARCPOOL_STATUS_NOT_OWNER:
+      return "ARCPOOL_STATUS_NOT_OWNER";
+    case ARCPOOL_STATUS_ALREADY_DEALLOCATED:
+      return "ARCPOOL_STATUS_ALREADY_DEALLOCATED";
+    case ARCPOOL_STATUS_UNKNOWN_POINTER:
+      return "ARCPOOL_STATUS_UNKNOWN_POINTER";
+    case ARCPOOL_STATUS_UNSUPPORTED:
+      return "ARCPOOL_STATUS_UNSUPPORTED";
+    case ARCPOOL_STATUS_CUDA_ERROR:
+      return "ARCPOOL_STATUS_CUDA_ERROR";
+    case ARCPOOL_STATUS_NOT_PERMITTED:
+      return "ARCPOOL_STATUS_NOT_PERMITTED";
+    case ARCPOOL_STATUS_NO_DEVICE:
+      return "ARCPOOL_STATUS_NO_DEVICE";
   }
   return "ARCPOOL_STATUS_(unknown)";
 }
 
-const char* arcpool_last_error(void) { return arcpool::detail::last_error().c_str(); }
+const char* arcpool_last_error(void) {
+  return arcpool::detail::last_error().c_str();
+}
 
 }  // extern "C"

@@ -19,11 +19,10 @@ void append_to_last_error(const char* context);
 const std::string& last_error() noexcept;
 
 /// Returns early from the enclosing function when `expr` is not ARCPOOL_STATUS_SUCCESS.
-#define ARCPOOL_RETURN_IF_ERROR(expr)                                       \
-  do {                                                                      \
-    if (arcpool_status_t arcpool_status_ = (expr);                          \
-        arcpool_status_ != ARCPOOL_STATUS_SUCCESS)                          \
-      return arcpool_status_;                                               \
+#define ARCPOOL_RETURN_IF_ERROR(expr)                                                         \
+  do {                                                                                        \
+    if (arcpool_status_t arcpool_status_ = (expr); arcpool_status_ != ARCPOOL_STATUS_SUCCESS) \
+      return arcpool_status_;                                                                 \
   } while (0)
 
 }  // namespace arcpool::detail

@@ -348,8 +348,8 @@ ARCPOOL_API int arcpool_allocation_is_terminal(const arcpool_allocation_t* alloc
 /** Discards one claim and releases one reference; if the claim was the last, first
  * deallocates on the allocation's current stream with the default routing. What the C++
  * handles do on destruction. Never blocks. */
-ARCPOOL_API arcpool_status_t arcpool_allocation_discard_and_release(
-    arcpool_allocation_t* allocation);
+ARCPOOL_API arcpool_status_t
+arcpool_allocation_discard_and_release(arcpool_allocation_t* allocation);
 
 /** Adds a reference to the handle (not a claim). Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_allocation_retain(arcpool_allocation_t* allocation);
@@ -404,15 +404,15 @@ typedef enum arcpool_allocation_state_t {
 
 /** A snapshot of an allocation's mutable state, for diagnostics and tests. */
 typedef struct arcpool_allocation_info_t {
-  size_t struct_size;                 /**< set by the caller */
-  uint32_t version;                   /**< set by the caller: ARCPOOL_ALLOCATION_INFO_VERSION */
-  arcpool_allocation_state_t state;   /**< ownership state */
-  uint32_t owners;                    /**< owner count P */
-  uint32_t references;                /**< reference count R of the allocation record */
-  uint64_t current_stream_id;         /**< identity of the current stream */
-  arcpool_stream_t current_stream;    /**< current stream handle */
-  uint32_t use_records;               /**< number of recorded-use streams */
-  uint64_t id;                        /**< allocation serial number, unique per process */
+  size_t struct_size;               /**< set by the caller */
+  uint32_t version;                 /**< set by the caller: ARCPOOL_ALLOCATION_INFO_VERSION */
+  arcpool_allocation_state_t state; /**< ownership state */
+  uint32_t owners;                  /**< owner count P */
+  uint32_t references;              /**< reference count R of the allocation record */
+  uint64_t current_stream_id;       /**< identity of the current stream */
+  arcpool_stream_t current_stream;  /**< current stream handle */
+  uint32_t use_records;             /**< number of recorded-use streams */
+  uint64_t id;                      /**< allocation serial number, unique per process */
 } arcpool_allocation_info_t;
 
 /** Reads a snapshot of `allocation`'s state (of its allocation, for a view). Never blocks. */
@@ -540,31 +540,31 @@ ARCPOOL_API arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream
 /* ----------------------------------------------------------------------------------------- */
 
 /** Gauges: each has a `_current` and a `_peak` field in arcpool_stats_t. */
-#define ARCPOOL_STATS_GAUGES(X)                                                          \
-  X(bytes_in_use, "bytes of live allocations (requested sizes)")                          \
-  X(allocations_in_use, "live allocations")                                               \
+#define ARCPOOL_STATS_GAUGES(X)                                                         \
+  X(bytes_in_use, "bytes of live allocations (requested sizes)")                        \
+  X(allocations_in_use, "live allocations")                                             \
   X(bytes_held, "bytes taken from the pool and not yet given back (live plus pending)") \
   X(bytes_pending_free, "bytes deallocated whose free waits on the reclaim worker")
 
 /** Counters: each is one uint64_t field of arcpool_stats_t. */
-#define ARCPOOL_STATS_COUNTERS(X)                                                         \
-  X(allocations, "successful allocations")                                                 \
-  X(deallocations, "accepted deallocations (explicit)")                                    \
-  X(frees, "blocks returned to the pool")                                                  \
-  X(same_stream_frees, "deallocations freed directly on the origin stream")                \
-  X(cross_stream_frees, "deallocations involving another stream than the origin")          \
-  X(origin_routed_frees, "frees that ran on the origin stream for another stream")         \
-  X(origin_fallbacks, "prefer-origin frees whose origin was not provably alive")           \
-  X(deferred_frees, "frees queued on the reclaim worker")                                  \
-  X(transfers, "transfers")                                                                \
-  X(use_records, "use records added")                                                      \
-  X(fences_taken, "fences (event records) taken")                                          \
-  X(ignored_deallocations, "deallocations of indeterminate-lifetime memory")               \
-  X(implicit_frees, "leaked owners freed when the last reference went")                    \
-  X(imports, "imported allocations")                                                       \
-  X(exports, "exported allocations")                                                       \
-  X(oom_retries, "allocations retried after flushing and reclaiming")                      \
-  X(oom_failures, "allocations that failed with OUT_OF_MEMORY")                           \
+#define ARCPOOL_STATS_COUNTERS(X)                                                  \
+  X(allocations, "successful allocations")                                         \
+  X(deallocations, "accepted deallocations (explicit)")                            \
+  X(frees, "blocks returned to the pool")                                          \
+  X(same_stream_frees, "deallocations freed directly on the origin stream")        \
+  X(cross_stream_frees, "deallocations involving another stream than the origin")  \
+  X(origin_routed_frees, "frees that ran on the origin stream for another stream") \
+  X(origin_fallbacks, "prefer-origin frees whose origin was not provably alive")   \
+  X(deferred_frees, "frees queued on the reclaim worker")                          \
+  X(transfers, "transfers")                                                        \
+  X(use_records, "use records added")                                              \
+  X(fences_taken, "fences (event records) taken")                                  \
+  X(ignored_deallocations, "deallocations of indeterminate-lifetime memory")       \
+  X(implicit_frees, "leaked owners freed when the last reference went")            \
+  X(imports, "imported allocations")                                               \
+  X(exports, "exported allocations")                                               \
+  X(oom_retries, "allocations retried after flushing and reclaiming")              \
+  X(oom_failures, "allocations that failed with OUT_OF_MEMORY")                    \
   X(reclaim_failures, "deferred frees abandoned because a CUDA call failed")
 
 /** Version of arcpool_stats_t this header describes. */
@@ -600,9 +600,8 @@ ARCPOOL_API arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allo
  * `capacity`); `*out_length` (may be NULL) receives the full length without the NUL, so a call
  * with capacity 0 sizes the buffer. Never blocks.
  */
-ARCPOOL_API arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator,
-                                                char* buffer, size_t capacity,
-                                                size_t* out_length);
+ARCPOOL_API arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* buffer,
+                                                size_t capacity, size_t* out_length);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -204,7 +204,9 @@ class shared_buffer : public buffer_base {
   }
 };
 
-inline shared_buffer buffer::share() && { return shared_buffer(detach()); }
+inline shared_buffer buffer::share() && {
+  return shared_buffer(detach());
+}
 
 /// A stream created by an allocator (a non-blocking cudaStream_t, or a host worker), which
 /// arcpool knows to be alive until this object is destroyed. Move-only.

@@ -49,8 +49,12 @@ arcpool_status_t exiting(const char* what) {
   return fail(ARCPOOL_STATUS_CUDA_ERROR, "%s skipped: the process is exiting", what);
 }
 
-cudaStream_t cu(stream_handle s) { return reinterpret_cast<cudaStream_t>(s); }
-cudaEvent_t cu(event_handle e) { return static_cast<cudaEvent_t>(e); }
+cudaStream_t cu(stream_handle s) {
+  return reinterpret_cast<cudaStream_t>(s);
+}
+cudaEvent_t cu(event_handle e) {
+  return static_cast<cudaEvent_t>(e);
+}
 
 class cuda_driver final : public driver {
  public:
@@ -229,10 +233,10 @@ arcpool_status_t set_pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, in
 
 arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* out) {
   int supported_types = 0;
-  ARCPOOL_RETURN_IF_ERROR(check(cudaDeviceGetAttribute(&supported_types,
-                                                       cudaDevAttrMemoryPoolSupportedHandleTypes,
-                                                       config.device),
-                                "cudaDeviceGetAttribute(MemoryPoolSupportedHandleTypes)"));
+  ARCPOOL_RETURN_IF_ERROR(
+      check(cudaDeviceGetAttribute(&supported_types, cudaDevAttrMemoryPoolSupportedHandleTypes,
+                                   config.device),
+            "cudaDeviceGetAttribute(MemoryPoolSupportedHandleTypes)"));
   if ((config.ipc_handle_types & ~static_cast<uint32_t>(supported_types)) != 0) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 "IPC handle types 0x%x are not all supported by device %d (supported: 0x%x)",
@@ -248,9 +252,9 @@ arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* o
   ARCPOOL_RETURN_IF_ERROR(check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate"));
 
   uint64_t threshold = config.release_threshold;
-  arcpool_status_t status = check(
-      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
-      "cudaMemPoolSetAttribute(ReleaseThreshold)");
+  arcpool_status_t status =
+      check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+            "cudaMemPoolSetAttribute(ReleaseThreshold)");
   if (status == ARCPOOL_STATUS_SUCCESS) {
     status = set_pool_attribute(pool, cudaMemPoolReuseFollowEventDependencies,
                                 config.reuse_follow_event_dependencies,
@@ -325,8 +329,8 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
       *status = create_owned_pool(config, &pool);
       break;
     case ARCPOOL_POOL_DEVICE_DEFAULT:
-      *status = check(cudaDeviceGetDefaultMemPool(&pool, config.device),
-                      "cudaDeviceGetDefaultMemPool");
+      *status =
+          check(cudaDeviceGetDefaultMemPool(&pool, config.device), "cudaDeviceGetDefaultMemPool");
       break;
     case ARCPOOL_POOL_DEVICE_CURRENT:
       *status = check(cudaDeviceGetMemPool(&pool, config.device), "cudaDeviceGetMemPool");

@@ -16,8 +16,8 @@ arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver
       } else if (std::strcmp(env, "host") == 0) {
         kind = ARCPOOL_DRIVER_HOST;
       } else {
-        return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
-                    "ARCPOOL_DRIVER=%s: expected 'cuda' or 'host'", env);
+        return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "ARCPOOL_DRIVER=%s: expected 'cuda' or 'host'",
+                    env);
       }
       from_environment = true;
     }

@@ -17,7 +17,9 @@ using stream_handle = arcpool_stream_t;
 using event_handle = void*;
 
 /// The legacy default stream and CUDA's per-thread default stream, as handles.
-inline stream_handle legacy_default_stream() noexcept { return nullptr; }
+inline stream_handle legacy_default_stream() noexcept {
+  return nullptr;
+}
 inline stream_handle legacy_stream_alias() noexcept {
   return reinterpret_cast<stream_handle>(uintptr_t{0x1});
 }

@@ -25,6 +25,8 @@ class host_marker {
   }
   void wait() {
     std::unique_lock<std::mutex> lock(mutex_);
+    if (done_) return;
+    host_work_blocking blocking;  // lets tests see that the stream waits here
     cv_.wait(lock, [&] { return done_; });
   }
   bool done() {
@@ -240,8 +242,8 @@ class host_driver final : public driver {
     ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work(what));
     *out = host_stream_find(s);
     if (!*out) {
-      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "host driver: %s: %p is not a live stream",
-                  what, static_cast<void*>(s));
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "host driver: %s: %p is not a live stream", what,
+                  static_cast<void*>(s));
     }
     return ARCPOOL_STATUS_SUCCESS;
   }

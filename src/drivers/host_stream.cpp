@@ -9,6 +9,7 @@ namespace arcpool::detail {
 namespace {
 
 thread_local bool t_in_host_work = false;
+thread_local host_stream* t_running_stream = nullptr;
 
 std::atomic<uint64_t> g_next_stream_id{1};
 
@@ -80,12 +81,15 @@ class stream_table {
     std::vector<std::shared_ptr<host_stream>> all;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [handle, s] : streams_) all.push_back(s);
+      for (auto& [handle, s] : streams_)
+        all.push_back(s);
       all.insert(all.end(), retired_.begin(), retired_.end());
       if (legacy_) all.push_back(legacy_);
     }
-    for (auto& s : all) s->close();
-    for (auto& s : all) s->synchronize();
+    for (auto& s : all)
+      s->close();
+    for (auto& s : all)
+      s->synchronize();
   }
 
   std::mutex mutex_;
@@ -105,7 +109,9 @@ thread_local per_thread_stream t_per_thread_stream;
 
 }  // namespace
 
-bool in_host_work() noexcept { return t_in_host_work; }
+bool in_host_work() noexcept {
+  return t_in_host_work;
+}
 
 host_stream::host_stream(uint64_t id) : id_(id), worker_([this] { run(); }) {}
 
@@ -143,8 +149,27 @@ void host_stream::close() {
   work_cv_.notify_one();
 }
 
+void host_stream::settle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return completed_ == enqueued_ || blocked_; });
+}
+
+host_work_blocking::host_work_blocking() : stream_(t_running_stream) {
+  if (stream_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(stream_->mutex_);
+  stream_->blocked_ = true;
+  stream_->done_cv_.notify_all();
+}
+
+host_work_blocking::~host_work_blocking() {
+  if (stream_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(stream_->mutex_);
+  stream_->blocked_ = false;
+}
+
 void host_stream::run() {
   t_in_host_work = true;
+  t_running_stream = this;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     work_cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
@@ -170,8 +195,12 @@ std::shared_ptr<host_stream> host_stream_find(stream_handle s) {
   return stream_table::instance().find(s);
 }
 
-stream_handle host_stream_create() { return stream_table::instance().create(); }
+stream_handle host_stream_create() {
+  return stream_table::instance().create();
+}
 
-bool host_stream_destroy(stream_handle s) { return stream_table::instance().destroy(s); }
+bool host_stream_destroy(stream_handle s) {
+  return stream_table::instance().destroy(s);
+}
 
 }  // namespace arcpool::detail

@@ -41,6 +41,11 @@ class host_stream {
   /// Accepts no more tasks; the worker exits once the queue is empty.
   void close();
 
+  /// Blocks until the stream is idle (every task enqueued so far has run) or its worker is
+  /// blocked in a wait (see host_work_blocking). Tests use it to prove that a stream cannot
+  /// reach a point, deterministically.
+  void settle();
+
   /// Simulated graph capture.
   std::atomic<bool> capturing{false};
 
@@ -55,7 +60,24 @@ class host_stream {
   uint64_t enqueued_ = 0;
   uint64_t completed_ = 0;
   bool closing_ = false;
+  bool blocked_ = false;
+
+  friend class host_work_blocking;
   std::thread worker_;
+};
+
+/// Marks the calling host work as blocked on something another stream or the test must
+/// provide (a wait on an event, a test latch) for the scope of the object. Outside host work
+/// it does nothing.
+class host_work_blocking {
+ public:
+  host_work_blocking();
+  ~host_work_blocking();
+  host_work_blocking(const host_work_blocking&) = delete;
+  host_work_blocking& operator=(const host_work_blocking&) = delete;
+
+ private:
+  host_stream* stream_;
 };
 
 /// Resolves a stream handle to its host stream: NULL and cudaStreamLegacy name the process's

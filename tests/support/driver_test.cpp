@@ -1,7 +1,13 @@
 #include "support/driver_test.hpp"
 
+#include <cuda_runtime_api.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+
+#include "drivers/host_stream.hpp"
 
 namespace arcpool::test {
 
@@ -90,6 +96,74 @@ gate& DriverTest::block(arcpool_stream_t s) {
 std::shared_ptr<marker> DriverTest::mark(arcpool_stream_t s) {
   markers_.push_back(probe_->mark(s));
   return markers_.back();
+}
+
+void DriverTest::settle(arcpool_stream_t s) {
+  if (on_host()) {
+    detail::host_stream_find(s)->settle();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void DriverTest::fill_async(arcpool_stream_t s, void* p, size_t bytes, int value) {
+  if (!on_host()) {
+    EXPECT_EQ(cudaSuccess, cudaMemsetAsync(p, value, bytes, reinterpret_cast<cudaStream_t>(s)));
+    return;
+  }
+  struct fill {
+    void* p;
+    size_t bytes;
+    int value;
+  };
+  EXPECT_OK(arcpool_stream_launch_host_func(
+      alloc_, s,
+      [](void* arg) {
+        auto* f = static_cast<fill*>(arg);
+        std::memset(f->p, f->value, f->bytes);
+        delete f;
+      },
+      new fill{p, bytes, value}));
+}
+
+void DriverTest::expect_filled(const void* p, size_t bytes, int value) {
+  std::vector<unsigned char> host(bytes);
+  if (on_host()) {
+    std::memcpy(host.data(), p, bytes);
+  } else {
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost));
+  }
+  size_t bad = 0;
+  for (unsigned char c : host)
+    bad += c != static_cast<unsigned char>(value);
+  EXPECT_EQ(0u, bad) << bytes << " bytes at " << p << " should all be " << value;
+}
+
+void DriverTest::finish_reclaims() {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (core().reclaim_pending() > 0) {
+    if (core().reclaim_poll_once() == 0) std::this_thread::yield();
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "deferred frees never completed";
+  }
+  // The frees went to origin streams or the reclaim stream: let them execute.
+  for (arcpool_stream_t s : streams_)
+    sync(s);
+  for (arcpool_stream_t s : app_streams_)
+    sync(s);
+}
+
+arcpool_placement_t DriverTest::placement(const arcpool_allocation_t* a) const {
+  arcpool_placement_t p{};
+  p.struct_size = sizeof(p);
+  p.version = ARCPOOL_PLACEMENT_VERSION;
+  EXPECT_OK(arcpool_allocation_placement(a, &p));
+  return p;
+}
+
+void* DriverTest::data(arcpool_allocation_t* a) {
+  void* p = nullptr;
+  EXPECT_OK(arcpool_allocation_data(a, &p));
+  return p;
 }
 
 arcpool_allocation_t* DriverTest::allocate(size_t bytes, arcpool_stream_t s, uint32_t flags) {

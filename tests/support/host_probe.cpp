@@ -2,6 +2,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "drivers/host_stream.hpp"
 #include "support/stream_probe.hpp"
 
 namespace arcpool::test {
@@ -47,6 +48,7 @@ class host_probe final : public stream_probe {
           auto* st = static_cast<std::shared_ptr<latch_state>*>(p);
           {
             std::unique_lock<std::mutex> lock((*st)->mutex);
+            detail::host_work_blocking blocking;
             (*st)->cv.wait(lock, [&] { return (*st)->open; });
           }
           delete st;

@@ -1,0 +1,356 @@
+// DESIGN.md §3: indeterminate lifetimes, imports (borrow and consume) with on_free, export and
+// views, on both drivers.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBytes = 64 << 10;
+
+/// Counts on_free calls and remembers the last arguments.
+struct on_free_log {
+  std::atomic<int> calls{0};
+  void* pointer = nullptr;
+  size_t size = 0;
+
+  static void record(void* p, size_t n, void* user_data) {
+    auto* log = static_cast<on_free_log*>(user_data);
+    log->pointer = p;
+    log->size = n;
+    log->calls.fetch_add(1);
+  }
+};
+
+class Lifetime : public DriverTest {
+ protected:
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    s_ = make_stream();
+    user_ = make_stream();
+  }
+
+  /// Foreign memory to import: from the pool itself, so that both drivers can use it.
+  void* foreign(size_t bytes) {
+    void* p = nullptr;
+    EXPECT_OK(core().drv().pool_allocate(bytes, s_, &p));
+    foreign_.push_back({p, bytes});
+    return p;
+  }
+
+  void TearDown() override {
+    if (alloc_ != nullptr) {
+      for (auto& [p, n] : foreign_)
+        EXPECT_OK(core().drv().pool_free(p, n, s_));
+    }
+    DriverTest::TearDown();
+  }
+
+  arcpool_stream_t s_ = nullptr;
+  arcpool_stream_t user_ = nullptr;
+  std::vector<std::pair<void*, size_t>> foreign_;
+};
+
+// --- Indeterminate lifetime ----------------------------------------------------------------
+
+TEST_P(Lifetime, IndeterminateDeallocationEnqueuesNothing) {
+  arcpool_allocation_t* a = allocate(kBytes, s_, ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME);
+  EXPECT_TRUE(placement(a).flags & ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME);
+  const uint64_t used = pool_used();
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  EXPECT_EQ(ARCPOOL_ALLOCATION_DEALLOCATED, info(a).state);
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_deallocate_async(a, s_, 0));
+  sync(s_);
+  EXPECT_EQ(1u, stats().ignored_deallocations);
+  EXPECT_EQ(0u, stats().frees);
+  EXPECT_EQ(0u, core().reclaim_pending()) << "nothing is queued while a reference remains";
+  if (on_host()) {
+    EXPECT_EQ(used, pool_used());
+  }
+  arcpool_allocation_release(a);  // the last reference: now the memory goes back
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+  if (on_host()) {
+    EXPECT_LT(pool_used(), used);
+  }
+}
+
+TEST_P(Lifetime, IndeterminateMemoryWaitsForEveryFenceAfterTheLastReference) {
+  arcpool_allocation_t* a = allocate(kBytes, s_, ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME);
+  EXPECT_OK(arcpool_record_use(a, user_));
+  gate& busy = block(user_);
+  fill_async(user_, data(a), kBytes, 0x12);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+  EXPECT_EQ(0u, core().reclaim_poll_once()) << "freed while a recorded user still writes";
+  busy.open();
+  sync(user_);
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+}
+
+TEST_P(Lifetime, AViewKeepsIndeterminateMemoryAlive) {
+  arcpool_allocation_t* a = allocate(kBytes, s_, ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME);
+  arcpool_allocation_t* v = nullptr;
+  EXPECT_OK(arcpool_allocation_view(a, 0, 16, &v));
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+  sync(s_);
+  EXPECT_EQ(0u, core().reclaim_pending());
+  EXPECT_EQ(0u, stats().frees);
+  arcpool_allocation_release(v);
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+}
+
+TEST_P(Lifetime, LeakedIndeterminateAllocationGoesBackAfterItsUses) {
+  arcpool_allocation_t* a = allocate(kBytes, s_, ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME);
+  gate& busy = block(s_);
+  fill_async(s_, data(a), kBytes, 0x13);
+  arcpool_allocation_release(a);  // never deallocated
+  EXPECT_EQ(1u, stats().implicit_frees);
+  EXPECT_EQ(0u, core().reclaim_poll_once());
+  busy.open();
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+}
+
+// --- Imports -------------------------------------------------------------------------------
+
+TEST_P(Lifetime, ABorrowedImportReportsOnceWhenArcpoolsUsesCompleted) {
+  on_free_log log;
+  void* p = foreign(kBytes);
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_import(alloc_, p, kBytes, s_, 0, &on_free_log::record, &log, &a));
+  EXPECT_TRUE(placement(a).flags & ARCPOOL_PLACEMENT_FLAG_EXTERNAL);
+  EXPECT_EQ(p, data(a));
+  EXPECT_OK(arcpool_record_use(a, user_));
+  gate& busy = block(user_);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  EXPECT_EQ(0u, core().reclaim_poll_once());
+  EXPECT_EQ(0, log.calls.load()) << "on_free before the recorded user finished";
+  busy.open();
+  sync(user_);
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(1, log.calls.load());
+  EXPECT_EQ(p, log.pointer);
+  EXPECT_EQ(kBytes, log.size);
+  arcpool_allocation_release(a);
+  EXPECT_EQ(1, log.calls.load()) << "exactly once";
+  const auto st = stats();
+  EXPECT_EQ(1u, st.imports);
+  EXPECT_EQ(0u, st.frees) << "arcpool never frees imported memory";
+  EXPECT_EQ(0u, st.bytes_in_use_peak) << "imported bytes are not arcpool's";
+}
+
+TEST_P(Lifetime, AFailedConsumingImportFreesTheForeignMemoryOnce) {
+  on_free_log log;
+  void* p = foreign(kBytes);
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_import(alloc_, p, kBytes, s_, ARCPOOL_IMPORT_FLAG_CONSUME | (1u << 9),
+                               &on_free_log::record, &log, &a));
+  EXPECT_EQ(1, log.calls.load());
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_import(alloc_, p, kBytes, s_, ARCPOOL_IMPORT_FLAG_CONSUME,
+                               &on_free_log::record, &log, nullptr));
+  EXPECT_EQ(2, log.calls.load());
+  EXPECT_EQ(nullptr, a);
+}
+
+TEST_P(Lifetime, AFailedBorrowingImportCallsNothing) {
+  on_free_log log;
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_import(alloc_, nullptr, kBytes, s_, 0, &on_free_log::record, &log, &a));
+  EXPECT_EQ(0, log.calls.load());
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_import(alloc_, foreign(16), 16, s_, ARCPOOL_IMPORT_FLAG_CONSUME, nullptr,
+                               nullptr, &a))
+      << "a consuming import needs on_free";
+}
+
+TEST_P(Lifetime, AConsumingImportIsFreedThroughOnFreeWhenItsOwnerGoes) {
+  on_free_log log;
+  void* p = foreign(kBytes);
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_import(alloc_, p, kBytes, s_, ARCPOOL_IMPORT_FLAG_CONSUME, &on_free_log::record,
+                           &log, &a));
+  EXPECT_OK(arcpool_allocation_discard_and_release(a));  // the one claim was the last
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(1, log.calls.load());
+}
+
+struct reentry {
+  arcpool_allocator_t* allocator;
+  arcpool_stream_t stream;
+  std::atomic<int> calls{0};
+  std::atomic<int> failures{0};
+};
+
+TEST_P(Lifetime, OnFreeMayCallArcpool) {
+  reentry r{alloc_, s_};
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_import(
+      alloc_, foreign(kBytes), kBytes, s_, 0,
+      [](void*, size_t, void* user_data) {
+        auto* re = static_cast<reentry*>(user_data);
+        arcpool_allocation_t* b = nullptr;
+        if (arcpool_allocate_async(re->allocator, 128, 0, re->stream, 0, &b) !=
+                ARCPOOL_STATUS_SUCCESS ||
+            arcpool_deallocate_async(b, re->stream, 0) != ARCPOOL_STATUS_SUCCESS) {
+          re->failures.fetch_add(1);
+        }
+        arcpool_allocation_release(b);
+        re->calls.fetch_add(1);
+      },
+      &r, &a));
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(1, r.calls.load());
+  EXPECT_EQ(0, r.failures.load());
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Lifetime, AThrowingOnFreeRunsOnceAndTheWorkerSurvives) {
+  static std::atomic<int> calls{0};
+  calls = 0;
+  auto throwing = [](void*, size_t, void*) {
+    calls.fetch_add(1);
+    throw std::runtime_error("on_free failed");
+  };
+  for (int i = 0; i < 2; ++i) {
+    arcpool_allocation_t* a = nullptr;
+    ASSERT_OK(arcpool_import(alloc_, foreign(64), 64, s_, 0, throwing, nullptr, &a));
+    EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+    arcpool_allocation_release(a);
+    sync(s_);
+    finish_reclaims();
+    EXPECT_EQ(i + 1, calls.load());
+  }
+}
+
+TEST_P(Lifetime, AnIndeterminateImportReportsAfterTheLastReference) {
+  on_free_log log;
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_import(alloc_, foreign(kBytes), kBytes, s_,
+                           ARCPOOL_IMPORT_FLAG_INDETERMINATE_LIFETIME, &on_free_log::record, &log,
+                           &a));
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  sync(s_);
+  EXPECT_EQ(0u, core().reclaim_pending());
+  EXPECT_EQ(0, log.calls.load());
+  arcpool_allocation_release(a);
+  finish_reclaims();
+  EXPECT_EQ(1, log.calls.load());
+}
+
+// --- Export --------------------------------------------------------------------------------
+
+TEST_P(Lifetime, ExportFencesEveryUseOntoTheCurrentStream) {
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  EXPECT_OK(arcpool_record_use(a, user_));
+  gate& busy = block(user_);
+  void* p = nullptr;
+  EXPECT_OK(arcpool_allocation_export(a, &p));
+  auto after = mark(s_);
+  settle(s_);
+  EXPECT_FALSE(after->reached()) << "the current stream must wait on the recorded use";
+  busy.open();
+  sync(s_);
+  EXPECT_TRUE(after->reached());
+  const auto st = stats();
+  EXPECT_EQ(1u, st.exports);
+  EXPECT_EQ(0u, st.bytes_in_use_current);
+  EXPECT_EQ(0u, st.bytes_held_current);
+  arcpool_allocation_release(a);
+  free_exported(p, kBytes, s_);
+}
+
+TEST_P(Lifetime, ExportOfAnOverAlignedAllocationIsUnsupported) {
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 4096, s_, 0, &a));
+  EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(data(a)) % 4096);
+  void* p = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_allocation_export(a, &p));
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(a).state);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+}
+
+// --- Views ---------------------------------------------------------------------------------
+
+TEST_P(Lifetime, EveryOwnershipCallOnAViewActsOnItsAllocation) {
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  arcpool_allocation_t* v = nullptr;
+  ASSERT_OK(arcpool_allocation_view(a, 1024, 4096, &v));
+  EXPECT_EQ(static_cast<char*>(data(a)) + 1024, data(v));
+  EXPECT_EQ(4096u, arcpool_allocation_size(v));
+  EXPECT_EQ(1, arcpool_allocation_is_terminal(v));
+  EXPECT_OK(arcpool_allocation_preserve(v));
+  EXPECT_EQ(2u, info(a).owners);
+  EXPECT_EQ(0, arcpool_allocation_is_terminal(a));
+  EXPECT_OK(arcpool_allocation_discard(v, nullptr));
+  EXPECT_EQ(2u, info(a).references) << "the view holds a reference, not a claim";
+  EXPECT_EQ(kBytes, placement(v).size) << "the placement is the allocation's";
+  EXPECT_OK(arcpool_transfer(v, user_));
+  EXPECT_EQ(user_, info(a).current_stream);
+  EXPECT_OK(arcpool_deallocate_async(v, user_, 0));
+  EXPECT_EQ(ARCPOOL_ALLOCATION_DEALLOCATED, info(a).state);
+  void* gone = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_allocation_data(v, &gone));
+  arcpool_allocation_release(a);
+  EXPECT_EQ(1u, info(v).references) << "the view keeps the record readable";
+  arcpool_allocation_release(v);
+}
+
+TEST_P(Lifetime, ViewsOfViewsComposeAndCheckBounds) {
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  arcpool_allocation_t* v = nullptr;
+  arcpool_allocation_t* w = nullptr;
+  ASSERT_OK(arcpool_allocation_view(a, 4096, 8192, &v));
+  ASSERT_OK(arcpool_allocation_view(v, 256, 512, &w));
+  EXPECT_EQ(static_cast<char*>(data(a)) + 4096 + 256, data(w));
+  arcpool_allocation_t* bad = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_view(v, 8000, 256, &bad));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_view(a, 1, SIZE_MAX, &bad));
+  EXPECT_EQ(nullptr, bad);
+  EXPECT_OK(arcpool_allocation_view(a, kBytes, 0, &bad)) << "an empty view at the end is fine";
+  arcpool_allocation_release(bad);
+  EXPECT_EQ(3u, info(a).references);
+  arcpool_allocation_release(w);
+  arcpool_allocation_release(v);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Lifetime, ZeroBytesIsAValidAllocationWithANullPointer) {
+  arcpool_allocation_t* a = allocate(0, s_);
+  EXPECT_EQ(nullptr, data(a));
+  EXPECT_EQ(0u, arcpool_allocation_size(a));
+  EXPECT_EQ(1, arcpool_allocation_is_terminal(a));
+  EXPECT_OK(arcpool_deallocate_async(a, user_, 0));
+  EXPECT_EQ(ARCPOOL_ALLOCATION_DEALLOCATED, info(a).state);
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+  sync(s_);
+  EXPECT_EQ(0u, stats().frees);
+  EXPECT_EQ(0u, stats().fences_taken);
+  EXPECT_EQ(0u, core().reclaim_pending());
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(Lifetime);
+
+}  // namespace
+}  // namespace arcpool::test

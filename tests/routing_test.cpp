@@ -1,0 +1,247 @@
+// DESIGN.md §4: every free is ordered after the caller's stream, the current stream and every
+// recorded-use stream, for each routing strategy. Ordering is proven with gates: the busy
+// stream is held, the operation is done, the stream that must wait is shown not to have run,
+// the gate opens, and it runs.
+#include <gtest/gtest.h>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBytes = 1 << 20;
+
+class Routing : public DriverTest {
+ protected:
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    origin_ = make_stream();
+    busy_ = make_stream();
+    caller_ = make_stream();
+  }
+
+  /// An allocation made on `origin`, handed to the busy stream, which is then held by a gate
+  /// with a write to the memory queued behind it.
+  arcpool_allocation_t* allocation_in_use_on_busy(arcpool_stream_t origin) {
+    arcpool_allocation_t* a = allocate(kBytes, origin);
+    EXPECT_OK(arcpool_transfer(a, busy_));
+    gate_ = &block(busy_);
+    fill_async(busy_, data(a), kBytes, 0x5a);
+    return a;
+  }
+
+  arcpool_stream_t origin_ = nullptr;
+  arcpool_stream_t busy_ = nullptr;
+  arcpool_stream_t caller_ = nullptr;
+  gate* gate_ = nullptr;
+};
+
+TEST_P(Routing, SameStreamFreeGoesStraightBackWithoutFences) {
+  arcpool_allocation_t* a = allocate(kBytes, origin_);
+  EXPECT_OK(arcpool_deallocate_async(a, origin_, 0));
+  sync(origin_);
+  const auto st = stats();
+  EXPECT_EQ(1u, st.same_stream_frees);
+  EXPECT_EQ(0u, st.cross_stream_frees);
+  EXPECT_EQ(0u, st.fences_taken);
+  EXPECT_EQ(1u, st.frees);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Routing, WaitAndFreeOrdersTheCallerAfterTheCurrentStream) {
+  arcpool_allocation_t* a = allocation_in_use_on_busy(origin_);
+  const uint64_t used = pool_used();
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+  auto after_free = mark(caller_);
+  settle(caller_);
+  EXPECT_FALSE(after_free->reached()) << "the caller's stream must wait on the busy stream";
+  if (on_host()) {
+    EXPECT_EQ(used, pool_used()) << "freed while the busy stream still writes";
+  }
+  gate_->open();
+  sync(caller_);
+  EXPECT_TRUE(after_free->reached());
+  if (on_host()) {
+    EXPECT_LT(pool_used(), used);
+  }
+  EXPECT_EQ(1u, stats().frees);
+  EXPECT_EQ(1u, stats().cross_stream_frees);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Routing, PreferOriginFreesOnTheOriginAfterEveryFence) {
+  arcpool_allocation_t* a = allocation_in_use_on_busy(origin_);
+  const uint64_t used = pool_used();
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  auto caller_after = mark(caller_);
+  auto origin_after = mark(origin_);
+  settle(caller_);
+  settle(origin_);
+  EXPECT_TRUE(caller_after->reached()) << "the caller's stream must not wait";
+  EXPECT_FALSE(origin_after->reached()) << "the origin must wait on the busy stream";
+  if (on_host()) {
+    EXPECT_EQ(used, pool_used());
+  }
+  gate_->open();
+  sync(origin_);
+  EXPECT_TRUE(origin_after->reached());
+  if (on_host()) {
+    EXPECT_LT(pool_used(), used);
+  }
+  EXPECT_EQ(1u, stats().origin_routed_frees);
+  EXPECT_EQ(0u, stats().origin_fallbacks);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Routing, PreferOriginFallsBackWhenTheOriginIsNotProvablyAlive) {
+  arcpool_stream_t app = make_app_stream();  // unregistered: arcpool may not enqueue on it
+  arcpool_allocation_t* a = allocation_in_use_on_busy(app);
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  auto caller_after = mark(caller_);
+  auto app_after = mark(app);
+  settle(caller_);
+  settle(app);
+  EXPECT_TRUE(app_after->reached()) << "nothing may be enqueued on the unregistered origin";
+  EXPECT_FALSE(caller_after->reached()) << "the fallback waits on the caller's stream";
+  gate_->open();
+  sync(caller_);
+  EXPECT_TRUE(caller_after->reached());
+  EXPECT_EQ(1u, stats().origin_fallbacks);
+  EXPECT_EQ(0u, stats().origin_routed_frees);
+  EXPECT_EQ(1u, stats().frees);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Routing, DeferredHasNoFalseDependencyAndFreesOnTheOriginAfterTheFences) {
+  arcpool_allocation_t* a = allocation_in_use_on_busy(origin_);
+  const uint64_t used = pool_used();
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  auto caller_after = mark(caller_);
+  auto origin_after = mark(origin_);
+  settle(caller_);
+  settle(origin_);
+  EXPECT_TRUE(caller_after->reached()) << "no stream waits on a deferred free";
+  EXPECT_TRUE(origin_after->reached());
+  EXPECT_EQ(0u, core().reclaim_poll_once()) << "reclaimed while the busy stream writes";
+  EXPECT_EQ(0u, stats().frees);
+  if (on_host()) {
+    EXPECT_EQ(used, pool_used());
+  }
+  gate_->open();
+  sync(busy_);
+  sync(caller_);
+  finish_reclaims();
+  sync(origin_);
+  const auto st = stats();
+  EXPECT_EQ(1u, st.frees);
+  EXPECT_EQ(1u, st.deferred_frees);
+  EXPECT_EQ(1u, st.origin_routed_frees);
+  EXPECT_EQ(0u, st.bytes_pending_free_current);
+  if (on_host()) {
+    EXPECT_LT(pool_used(), used);
+  }
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Routing, DeferredFreesOnTheReclaimStreamWhenTheOriginIsNotProvablyAlive) {
+  arcpool_stream_t app = make_app_stream();
+  arcpool_allocation_t* a = allocation_in_use_on_busy(app);
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  auto app_after = mark(app);
+  settle(app);
+  EXPECT_TRUE(app_after->reached());
+  gate_->open();
+  sync(busy_);
+  sync(caller_);
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+  EXPECT_EQ(1u, stats().origin_fallbacks);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Routing, DefaultForAForeignStreamIsDeferred) {
+  arcpool_allocation_t* a = allocate(kBytes, origin_);
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, 0));
+  EXPECT_EQ(1u, stats().deferred_frees);
+  sync(caller_);
+  sync(origin_);
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Routing, MoreThanOneRoutingFlagIsInvalidAndChangesNothing) {
+  arcpool_allocation_t* a = allocate(kBytes, origin_);
+  EXPECT_STATUS(
+      ARCPOOL_STATUS_INVALID_ARGUMENT,
+      arcpool_deallocate_async(
+          a, caller_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE | ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_deallocate_async(a, caller_, 1u << 20));
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(a).state);
+  EXPECT_OK(arcpool_deallocate_async(a, origin_, 0));
+  arcpool_allocation_release(a);
+}
+
+/// RMM's cross-stream reuse bug, for every strategy: memory still written by a busy stream must
+/// not be handed to a new allocation. Three streams; the new allocation's contents are checked
+/// after everything ran.
+TEST_P(Routing, MemoryInUseIsNeverHandedOutAgain) {
+  for (uint32_t flag : {uint32_t{ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE},
+                        uint32_t{ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN},
+                        uint32_t{ARCPOOL_DEALLOCATE_FLAG_DEFERRED}, uint32_t{0}}) {
+    SCOPED_TRACE(flag);
+    arcpool_allocation_t* a = allocation_in_use_on_busy(origin_);
+    EXPECT_OK(arcpool_deallocate_async(a, caller_, flag));
+    arcpool_allocation_t* on_caller = allocate(kBytes, caller_);
+    arcpool_allocation_t* on_origin = allocate(kBytes, origin_);
+    fill_async(caller_, data(on_caller), kBytes, 0x11);
+    fill_async(origin_, data(on_origin), kBytes, 0x22);
+    gate_->open();
+    sync(busy_);
+    sync(caller_);
+    sync(origin_);
+    expect_filled(data(on_caller), kBytes, 0x11);
+    expect_filled(data(on_origin), kBytes, 0x22);
+    finish_reclaims();
+    EXPECT_OK(arcpool_deallocate_async(on_caller, caller_, 0));
+    EXPECT_OK(arcpool_deallocate_async(on_origin, origin_, 0));
+    for (auto* h : {a, on_caller, on_origin})
+      arcpool_allocation_release(h);
+  }
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(Routing);
+
+/// The allocator options choose the strategy for foreign streams.
+class RoutingOptions : public Routing {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.foreign_stream_routing = ARCPOOL_ROUTING_WAIT_AND_FREE;
+    options.use_record_routing = ARCPOOL_ROUTING_PREFER_ORIGIN;
+  }
+};
+
+TEST_P(RoutingOptions, AllocatorOptionsPickTheDefaultStrategy) {
+  arcpool_allocation_t* a = allocation_in_use_on_busy(origin_);
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, 0));
+  auto caller_after = mark(caller_);
+  settle(caller_);
+  EXPECT_FALSE(caller_after->reached()) << "wait-and-free makes the caller wait";
+  EXPECT_EQ(0u, stats().deferred_frees);
+  gate_->open();
+  sync(caller_);
+
+  arcpool_allocation_t* b = allocate(kBytes, origin_);
+  EXPECT_OK(arcpool_record_use(b, busy_));
+  EXPECT_OK(arcpool_deallocate_async(b, caller_, 0));
+  sync(origin_);
+  EXPECT_EQ(1u, stats().origin_routed_frees) << "use records route to the origin";
+  arcpool_allocation_release(a);
+  arcpool_allocation_release(b);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(RoutingOptions);
+
+}  // namespace
+}  // namespace arcpool::test
