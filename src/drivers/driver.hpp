@@ -116,6 +116,10 @@ arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver
 /// Whether the CUDA runtime has a usable device `device`; `why` says why not.
 bool cuda_device_usable(int device, std::string* why);
 
+/// Test double: makes every later call of a host driver fail as a sticky CUDA error would
+/// (ARCPOOL_STATUS_CUDA_ERROR naming cudaErrorIllegalAddress). No effect on a CUDA driver.
+void inject_sticky_error(driver& d);
+
 std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_status_t* status);
 std::unique_ptr<driver> make_host_driver(const driver_config& config, arcpool_status_t* status);
 

@@ -218,6 +218,8 @@ class host_driver final : public driver {
 
   void enter_reclaim_thread() noexcept override {}
 
+  void inject_sticky_error() { sticky_error_.store(true); }
+
  private:
   static size_t round_up(size_t bytes) {
     return (std::max<size_t>(bytes, 1) + kHostAlignment - 1) & ~(kHostAlignment - 1);
@@ -229,7 +231,12 @@ class host_driver final : public driver {
     }
   }
 
-  static arcpool_status_t check_not_in_host_work(const char* what) {
+  arcpool_status_t check_not_in_host_work(const char* what) const {
+    if (sticky_error_.load(std::memory_order_relaxed)) {
+      return fail(ARCPOOL_STATUS_CUDA_ERROR,
+                  "host driver: %s failed: cudaErrorIllegalAddress (simulated sticky error)",
+                  what);
+    }
     if (in_host_work()) {
       return fail(ARCPOOL_STATUS_NOT_PERMITTED,
                   "host driver: %s called from inside stream-ordered host work", what);
@@ -237,7 +244,7 @@ class host_driver final : public driver {
     return ARCPOOL_STATUS_SUCCESS;
   }
 
-  static arcpool_status_t resolve(stream_handle s, const char* what,
+  arcpool_status_t resolve(stream_handle s, const char* what,
                                   std::shared_ptr<host_stream>* out) {
     ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work(what));
     *out = host_stream_find(s);
@@ -249,7 +256,7 @@ class host_driver final : public driver {
   }
 
   // As resolve, and refuses a capturing stream (the host driver builds no graphs).
-  static arcpool_status_t resolve_for_work(stream_handle s, const char* what,
+  arcpool_status_t resolve_for_work(stream_handle s, const char* what,
                                            std::shared_ptr<host_stream>* out) {
     ARCPOOL_RETURN_IF_ERROR(resolve(s, what, out));
     if ((*out)->capturing.load()) {
@@ -261,6 +268,7 @@ class host_driver final : public driver {
 
   const int device_;
   const size_t capacity_;
+  std::atomic<bool> sticky_error_{false};
   struct pool_counters {
     std::atomic<uint64_t> reserved{0};
     std::atomic<uint64_t> peak{0};
@@ -269,6 +277,10 @@ class host_driver final : public driver {
 };
 
 }  // namespace
+
+void inject_sticky_error(driver& d) {
+  if (auto* host = dynamic_cast<host_driver*>(&d)) host->inject_sticky_error();
+}
 
 std::unique_ptr<driver> make_host_driver(const driver_config& config, arcpool_status_t* status) {
   *status = ARCPOOL_STATUS_SUCCESS;

@@ -41,6 +41,12 @@ class host_stream {
   /// Accepts no more tasks; the worker exits once the queue is empty.
   void close();
 
+  /// Tasks enqueued so far (tests prove arcpool never touched a stream with it).
+  uint64_t enqueued() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return enqueued_;
+  }
+
   /// Blocks until the stream is idle (every task enqueued so far has run) or its worker is
   /// blocked in a wait (see host_work_blocking). Tests use it to prove that a stream cannot
   /// reach a point, deterministically.

@@ -1,0 +1,164 @@
+// Many host threads on shared allocations: every count must add up at the end. Run under TSan
+// in CI, where a missing lock or a wrong memory order is reported.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr int kThreads = 16;
+
+class Concurrency : public DriverTest {};
+
+TEST_P(Concurrency, SixteenThreadsAllocatePreserveDiscardTransferDeallocate) {
+  constexpr int kShared = 32;
+  constexpr int kRounds = 150;
+  std::vector<arcpool_stream_t> streams;
+  for (int t = 0; t < kThreads; ++t) streams.push_back(make_stream());
+
+  // Shared allocations: each thread holds one extra claim (and reference) on every one.
+  std::vector<arcpool_allocation_t*> shared;
+  for (int i = 0; i < kShared; ++i) {
+    arcpool_allocation_t* a = allocate(4096, streams[i % kThreads]);
+    for (int t = 0; t < kThreads; ++t) {
+      EXPECT_OK(arcpool_allocation_preserve(a));
+      EXPECT_OK(arcpool_allocation_retain(a));
+    }
+    shared.push_back(a);
+  }
+
+  std::atomic<int> errors{0};
+  auto check = [&](arcpool_status_t s) {
+    if (s != ARCPOOL_STATUS_SUCCESS) errors.fetch_add(1);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(1234 + t);
+      arcpool_stream_t mine = streams[t];
+      for (int round = 0; round < kRounds; ++round) {
+        arcpool_allocation_t* a = shared[rng() % kShared];
+        check(arcpool_allocation_preserve(a));
+        switch (rng() % 3) {
+          case 0:
+            check(arcpool_transfer(a, mine));
+            break;
+          case 1:
+            check(arcpool_record_use(a, mine));
+            break;
+          default: {
+            arcpool_allocation_t* v = nullptr;
+            check(arcpool_allocation_view(a, 64, 64, &v));
+            arcpool_allocation_release(v);
+          }
+        }
+        int last = 1;
+        check(arcpool_allocation_discard(a, &last));
+        if (last != 0) errors.fetch_add(1);  // every thread still holds its own claim
+        // A private allocation handed to another stream and freed from a third.
+        arcpool_allocation_t* p = nullptr;
+        check(arcpool_allocate_async(alloc_, 256 + (rng() % 8192), 0, mine, 0, &p));
+        check(arcpool_transfer(p, streams[rng() % kThreads]));
+        check(arcpool_deallocate_async(p, streams[rng() % kThreads], 0));
+        arcpool_allocation_release(p);
+      }
+      // Give back this thread's claim and reference on every shared allocation; whoever drops
+      // the last claim deallocates.
+      for (arcpool_allocation_t* a : shared) {
+        int last = 0;
+        check(arcpool_allocation_discard(a, &last));
+        if (last != 0) check(arcpool_deallocate_async(a, mine, 0));
+        arcpool_allocation_release(a);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(0, errors.load()) << arcpool_last_error();
+
+  // Only the creator's claim remains on each shared allocation.
+  for (arcpool_allocation_t* a : shared) {
+    const auto i = info(a);
+    EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, i.state);
+    EXPECT_EQ(1u, i.owners);
+    EXPECT_EQ(1u, i.references);
+    EXPECT_OK(arcpool_deallocate_async(a, streams[0], 0));
+    arcpool_allocation_release(a);
+  }
+  for (arcpool_stream_t s : streams) sync(s);
+  finish_reclaims();
+  const auto st = stats();
+  const uint64_t allocations = kShared + uint64_t{kThreads} * kRounds;
+  EXPECT_EQ(allocations, st.allocations);
+  EXPECT_EQ(allocations, st.deallocations);
+  EXPECT_EQ(allocations, st.frees);
+  EXPECT_EQ(0u, st.bytes_in_use_current);
+  EXPECT_EQ(0u, st.bytes_held_current);
+  EXPECT_EQ(0u, st.allocations_in_use_current);
+  if (on_host()) {
+    EXPECT_EQ(0u, pool_used());
+  }
+}
+
+TEST_P(Concurrency, ExactlyOneConcurrentDiscardIsTheLast) {
+  arcpool_stream_t s = make_stream();
+  for (int trial = 0; trial < 20; ++trial) {
+    arcpool_allocation_t* a = allocate(1024, s);
+    for (int t = 1; t < kThreads; ++t) EXPECT_OK(arcpool_allocation_preserve(a));
+    std::atomic<int> lasts{0};
+    std::atomic<int> errors{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] {
+        while (!go.load()) std::this_thread::yield();
+        int last = 0;
+        if (arcpool_allocation_discard(a, &last) != ARCPOOL_STATUS_SUCCESS) errors.fetch_add(1);
+        lasts.fetch_add(last);
+      });
+    }
+    go = true;
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(1, lasts.load());
+    EXPECT_EQ(0, errors.load());
+    EXPECT_STATUS(ARCPOOL_STATUS_NOT_OWNER, arcpool_allocation_discard(a, nullptr));
+    EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+    arcpool_allocation_release(a);
+  }
+}
+
+TEST_P(Concurrency, ConcurrentDeallocationsAcceptExactlyOne) {
+  arcpool_stream_t s = make_stream();
+  for (int trial = 0; trial < 20; ++trial) {
+    arcpool_allocation_t* a = allocate(1024, s);
+    std::atomic<int> accepted{0};
+    std::atomic<int> already{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&] {
+        while (!go.load()) std::this_thread::yield();
+        const arcpool_status_t status = arcpool_deallocate_async(a, s, 0);
+        if (status == ARCPOOL_STATUS_SUCCESS) accepted.fetch_add(1);
+        if (status == ARCPOOL_STATUS_ALREADY_DEALLOCATED) already.fetch_add(1);
+      });
+    }
+    go = true;
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(1, accepted.load());
+    EXPECT_EQ(7, already.load());
+    arcpool_allocation_release(a);
+  }
+  sync(s);
+  EXPECT_EQ(20u, stats().frees);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(Concurrency);
+
+}  // namespace
+}  // namespace arcpool::test

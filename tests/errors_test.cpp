@@ -1,0 +1,344 @@
+// DESIGN.md §10: every row of the bad-input table, on both drivers. Each misuse gets a clear
+// status naming what was wrong and leaves all state intact.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "drivers/host_stream.hpp"
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBytes = 1 << 20;
+
+class Errors : public DriverTest {
+ protected:
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    s_ = make_stream();
+  }
+
+  void TearDown() override {
+    if (alloc_ != nullptr) {
+      EXPECT_OK(arcpool_default_allocator_set(0, nullptr));
+    }
+    DriverTest::TearDown();
+  }
+
+  static bool last_error_mentions(const char* text) {
+    return std::string(arcpool_last_error()).find(text) != std::string::npos;
+  }
+
+  arcpool_stream_t s_ = nullptr;
+};
+
+TEST_P(Errors, FreeOfAPointerArcpoolDidNotAllocateIsUnknownPointer) {
+  ASSERT_OK(arcpool_default_allocator_set(0, alloc_));
+  int on_the_stack = 0;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(&on_the_stack, 4, 0, s_));
+  arcpool_allocation_t* handle_made = allocate(kBytes, s_);
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(data(handle_made), kBytes, 0, s_))
+      << "by-pointer calls see only by-pointer allocations";
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(handle_made).state) << "nothing freed";
+  EXPECT_EQ(0u, stats().deallocations);
+  EXPECT_OK(arcpool_deallocate_async(handle_made, s_, 0));
+  arcpool_allocation_release(handle_made);
+}
+
+TEST_P(Errors, SecondDeallocationIsAlreadyDeallocated) {
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_deallocate_async(a, s_, 0));
+  EXPECT_TRUE(last_error_mentions("already deallocated")) << arcpool_last_error();
+  EXPECT_TRUE(last_error_mentions("allocation #")) << arcpool_last_error();
+  sync(s_);
+  EXPECT_EQ(1u, stats().frees);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Errors, DoubleFreeByPointerIsUnknownPointerWhileTheAddressIsNotReused) {
+  ASSERT_OK(arcpool_default_allocator_set(0, alloc_));
+  void* p = arcpool_malloc_async(kBytes, 0, s_);
+  ASSERT_NE(nullptr, p) << arcpool_last_error();
+  EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(p, kBytes, 0, s_));
+  sync(s_);
+  EXPECT_EQ(1u, stats().frees);
+}
+
+TEST_P(Errors, DiscardOrPreserveAtOwnerCountZeroIsNotOwner) {
+  arcpool_allocation_t* a = make_in_state(ARCPOOL_ALLOCATION_UNOWNED, s_);
+  EXPECT_STATUS(ARCPOOL_STATUS_NOT_OWNER, arcpool_allocation_discard(a, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_NOT_OWNER, arcpool_allocation_preserve(a));
+  EXPECT_TRUE(last_error_mentions("owner count is 0")) << arcpool_last_error();
+  EXPECT_EQ(0u, info(a).owners);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Errors, DeallocateWithOtherOwnersIsNotOwnerUnlessForced) {
+  arcpool_allocation_t* a = make_in_state(ARCPOOL_ALLOCATION_LIVE, s_, 2);
+  EXPECT_STATUS(ARCPOOL_STATUS_NOT_OWNER, arcpool_deallocate_async(a, s_, 0));
+  EXPECT_TRUE(last_error_mentions("FORCE")) << arcpool_last_error();
+  EXPECT_EQ(2u, info(a).owners);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_FORCE));
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Errors, EveryOperationAfterDeallocationIsAlreadyDeallocated) {
+  arcpool_allocation_t* a = make_in_state(ARCPOOL_ALLOCATION_DEALLOCATED, s_);
+  arcpool_allocation_t* v = nullptr;
+  void* p = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_allocation_preserve(a));
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_allocation_discard(a, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_transfer(a, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_record_use(a, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_allocation_view(a, 0, 1, &v));
+  EXPECT_STATUS(ARCPOOL_STATUS_ALREADY_DEALLOCATED, arcpool_allocation_export(a, &p));
+  EXPECT_EQ(ARCPOOL_ALLOCATION_DEALLOCATED, info(a).state);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Errors, PreferOriginToAnOriginNotProvablyAliveFallsBackWithoutTouchingIt) {
+  // The origin is an unregistered application stream that is no longer the current stream:
+  // arcpool may not enqueue anything on it.
+  arcpool_stream_t app = make_app_stream();
+  arcpool_allocation_t* a = allocate(kBytes, app);
+  EXPECT_OK(arcpool_transfer(a, s_));
+  sync(app);
+  const uint64_t touched = on_host() ? detail::host_stream_find(app)->enqueued() : 0;
+  EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  EXPECT_EQ(1u, stats().origin_fallbacks);
+  if (on_host()) {
+    EXPECT_EQ(touched, detail::host_stream_find(app)->enqueued()) << "the origin was touched";
+  }
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Errors, AbsurdSizesAreOutOfMemoryAndThePoolStaysUsable) {
+  arcpool_allocation_t* a = nullptr;
+  const size_t one_pib = size_t{1} << 50;
+  EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                arcpool_allocate_async(alloc_, one_pib, 0, s_, 0, &a));
+  EXPECT_EQ(nullptr, a);
+  EXPECT_TRUE(last_error_mentions(std::to_string(one_pib).c_str())) << arcpool_last_error();
+  EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                arcpool_allocate_async(alloc_, SIZE_MAX, 4096, s_, 0, &a));
+  const auto st = stats();
+  EXPECT_EQ(2u, st.oom_failures);
+  EXPECT_EQ(0u, st.bytes_held_current) << "a failed attempt holds nothing";
+  arcpool_allocation_t* b = allocate(kBytes, s_);
+  ASSERT_NE(nullptr, b) << "the pool must stay usable";
+  EXPECT_OK(arcpool_deallocate_async(b, s_, 0));
+  arcpool_allocation_release(b);
+}
+
+TEST_P(Errors, BadAlignmentsAreInvalidArguments) {
+  arcpool_allocation_t* a = nullptr;
+  for (size_t alignment : {size_t{3}, size_t{100}, size_t{4097}, ARCPOOL_MAX_ALIGNMENT * 2}) {
+    EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  arcpool_allocate_async(alloc_, kBytes, alignment, s_, 0, &a))
+        << alignment;
+    EXPECT_TRUE(last_error_mentions("alignment")) << arcpool_last_error();
+  }
+  EXPECT_EQ(nullptr, a);
+  ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, ARCPOOL_MAX_ALIGNMENT, s_, 0, &a));
+  EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(data(a)) % ARCPOOL_MAX_ALIGNMENT);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_allocate_async(alloc_, kBytes, 0, s_, 1u << 7, &a))
+      << "unknown allocation flags";
+}
+
+TEST_P(Errors, NullArgumentsAreInvalidArguments) {
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  arcpool_allocation_t* out = nullptr;
+  void* p = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_allocate_async(nullptr, kBytes, 0, s_, 0, &out));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_allocate_async(alloc_, kBytes, 0, s_, 0, nullptr));
+  EXPECT_TRUE(last_error_mentions("out_allocation")) << arcpool_last_error();
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_deallocate_async(nullptr, s_, 0));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_preserve(nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_discard(nullptr, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_retain(nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_transfer(nullptr, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_record_use(nullptr, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_data(a, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_data(nullptr, &p));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_view(a, 0, 1, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_export(a, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_placement(a, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocation_info(nullptr, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_create(alloc_, nullptr));
+  arcpool_stream_t no_stream = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_create(nullptr, &no_stream));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stats_get(alloc_, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(nullptr, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_record_stream(nullptr, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_stream_launch_host_func(alloc_, s_, nullptr, nullptr));
+  EXPECT_EQ(0, arcpool_allocation_is_terminal(nullptr));
+  EXPECT_EQ(0u, arcpool_allocation_size(nullptr));
+  EXPECT_OK(arcpool_allocation_release(nullptr));
+  arcpool_allocator_destroy(nullptr);
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(a).state);
+  EXPECT_EQ(1u, info(a).owners);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Errors, ACapturingStreamIsUnsupportedAndNothingChanges) {
+  arcpool_stream_t capturing = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  arcpool_allocation_t* on_capturing = allocate(kBytes, capturing);
+  ASSERT_OK(core().drv().stream_begin_capture(capturing));
+  arcpool_allocation_t* out = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED,
+                arcpool_allocate_async(alloc_, kBytes, 0, capturing, 0, &out));
+  EXPECT_TRUE(last_error_mentions("capturing")) << arcpool_last_error();
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_transfer(a, capturing));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_record_use(a, capturing));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(a, capturing, 0));
+  // The allocation whose current stream captures cannot be fenced from elsewhere either.
+  for (uint32_t flag : {uint32_t{0}, uint32_t{ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE},
+                        uint32_t{ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN},
+                        uint32_t{ARCPOOL_DEALLOCATE_FLAG_DEFERRED}}) {
+    EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(on_capturing, s_, flag));
+  }
+  EXPECT_EQ(nullptr, out);
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(a).state);
+  EXPECT_EQ(s_, info(a).current_stream);
+  EXPECT_EQ(0u, info(a).use_records);
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(on_capturing).state);
+  EXPECT_EQ(0u, stats().deallocations);
+  ASSERT_OK(core().drv().stream_end_capture(capturing));
+  // Everything works again once the capture ended.
+  EXPECT_OK(arcpool_transfer(a, capturing));
+  EXPECT_OK(arcpool_deallocate_async(a, capturing, 0));
+  EXPECT_OK(arcpool_deallocate_async(on_capturing, capturing, 0));
+  arcpool_allocation_release(a);
+  arcpool_allocation_release(on_capturing);
+}
+
+/// DESIGN.md §7: before out-of-memory is reported, pending reclaims are completed.
+class OutOfMemory : public Errors {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.hard_limit_bytes = 3 * kBytes;
+    options.on_out_of_memory = [](size_t, void* user_data) {
+      return static_cast<OutOfMemory*>(user_data)->on_oom();
+    };
+    options.on_out_of_memory_user_data = this;
+  }
+  int on_oom() {
+    callbacks_.fetch_add(1);
+    if (spare_ == nullptr) return 0;
+    // The callback may free memory and ask for a retry.
+    arcpool_status_t status = arcpool_deallocate_async(spare_, s_, 0);
+    arcpool_allocation_release(spare_);
+    spare_ = nullptr;
+    return status == ARCPOOL_STATUS_SUCCESS ? 1 : 0;
+  }
+
+  std::atomic<int> callbacks_{0};
+  arcpool_allocation_t* spare_ = nullptr;
+};
+
+TEST_P(OutOfMemory, TheHardLimitIsEnforcedAndTheAllocatorStaysUsable) {
+  arcpool_allocation_t* a = allocate(2 * kBytes, s_);
+  arcpool_allocation_t* b = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                arcpool_allocate_async(alloc_, 2 * kBytes, 0, s_, 0, &b));
+  EXPECT_TRUE(last_error_mentions("hard limit")) << arcpool_last_error();
+  EXPECT_TRUE(last_error_mentions("2097152")) << "names the bytes: " << arcpool_last_error();
+  EXPECT_EQ(1, callbacks_.load());
+  EXPECT_EQ(1u, stats().oom_retries);
+  EXPECT_EQ(1u, stats().oom_failures);
+  b = allocate(kBytes, s_);
+  EXPECT_NE(nullptr, b) << "what fits still fits";
+  for (auto* h : {a, b}) {
+    EXPECT_OK(arcpool_deallocate_async(h, s_, 0));
+    arcpool_allocation_release(h);
+  }
+}
+
+TEST_P(OutOfMemory, PendingReclaimsCompleteBeforeOutOfMemoryIsReported) {
+  arcpool_stream_t busy = make_stream();
+  arcpool_allocation_t* a = allocate(2 * kBytes, s_);
+  EXPECT_OK(arcpool_record_use(a, busy));
+  gate& held = block(busy);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  arcpool_allocation_release(a);
+  EXPECT_EQ(1u, core().reclaim_pending());
+  // Opens the gate only once the allocation below entered the out-of-memory path, so that the
+  // memory can only come back through that path's reclaim.
+  std::thread opener([&] {
+    while (stats().oom_retries == 0) std::this_thread::yield();
+    held.open();
+  });
+  arcpool_allocation_t* b = nullptr;
+  EXPECT_OK(arcpool_allocate_async(alloc_, 2 * kBytes, 0, s_, 0, &b));
+  opener.join();
+  EXPECT_EQ(1u, stats().oom_retries);
+  EXPECT_EQ(0u, stats().oom_failures);
+  EXPECT_EQ(0, callbacks_.load());
+  EXPECT_OK(arcpool_deallocate_async(b, s_, 0));
+  arcpool_allocation_release(b);
+}
+
+TEST_P(OutOfMemory, TheCallbackMayFreeMemoryAndAskForARetry) {
+  spare_ = allocate(2 * kBytes, s_);
+  arcpool_allocation_t* b = nullptr;
+  EXPECT_OK(arcpool_allocate_async(alloc_, 2 * kBytes, 0, s_, 0, &b));
+  EXPECT_EQ(1, callbacks_.load());
+  EXPECT_EQ(0u, stats().oom_failures);
+  EXPECT_OK(arcpool_deallocate_async(b, s_, 0));
+  arcpool_allocation_release(b);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(Errors);
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(OutOfMemory);
+
+/// A sticky error (a device fault) surfaces as CUDA_ERROR with its name, and nothing hangs.
+/// On the host driver the fault is injected; on a GPU it comes from a faulting kernel (the
+/// stress and fault tests of tools/device-check).
+TEST(StickyError, IsReportedAsCudaErrorWithItsNameAndNothingHangs) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_HOST;
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &s));
+  arcpool_stream_t other = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &other));
+  arcpool_allocation_t* live = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &live));
+  arcpool_allocation_t* pending = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &pending));
+  ASSERT_OK(arcpool_deallocate_async(pending, other, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+
+  detail::inject_sticky_error(detail::from_handle(alloc)->drv());
+
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
+  EXPECT_NE(std::string(arcpool_last_error()).find("cudaErrorIllegalAddress"), std::string::npos)
+      << arcpool_last_error();
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_deallocate_async(live, other, 0));
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_stream_synchronize(alloc, s));
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_allocator_trim(alloc, 0));
+  // Teardown with a live allocation and a failed reclaim returns.
+  arcpool_allocation_release(live);
+  arcpool_allocation_release(pending);
+  arcpool_allocator_destroy(alloc);
+}
+
+}  // namespace
+}  // namespace arcpool::test

@@ -1,0 +1,231 @@
+// DESIGN.md §6: stream identity, liveness (created, registered, retired), default streams,
+// the event pool, and several allocators in one process. On both drivers.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include "drivers/host_stream.hpp"
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBytes = 64 << 10;
+
+class Streams : public DriverTest {
+ protected:
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    s_ = make_stream();
+  }
+
+  /// Work arcpool has queued on `s` so far (host driver only).
+  uint64_t touched(arcpool_stream_t s) { return detail::host_stream_find(s)->enqueued(); }
+
+  arcpool_stream_t s_ = nullptr;
+};
+
+TEST_P(Streams, IdentityIsTheStreamIdNotTheHandle) {
+  // Handles are recycled after destruction; ids never are. An allocation made on a destroyed
+  // stream must not take a new stream with the same handle for its origin.
+  arcpool_stream_t first = make_app_stream();
+  arcpool_allocation_t* a = allocate(kBytes, first);
+  const uint64_t first_id = placement(a).origin_stream_id;
+  EXPECT_OK(arcpool_transfer(a, s_));
+  destroy_app_stream(first);
+  std::set<uint64_t> ids{first_id};
+  arcpool_stream_t same_handle = nullptr;
+  for (int i = 0; i < 64 && same_handle == nullptr; ++i) {
+    arcpool_stream_t s = make_app_stream();
+    uint64_t id = 0;
+    EXPECT_OK(core().drv().stream_id(s, &id));
+    EXPECT_TRUE(ids.insert(id).second) << "stream ids must be unique";
+    if (s == first) {
+      same_handle = s;
+    } else {
+      destroy_app_stream(s);
+    }
+  }
+  if (same_handle == nullptr) GTEST_SKIP() << "no handle was recycled in 64 tries";
+  EXPECT_OK(arcpool_deallocate_async(a, same_handle, 0));
+  EXPECT_EQ(0u, stats().same_stream_frees) << "a recycled handle is not the origin";
+  EXPECT_EQ(1u, stats().cross_stream_frees);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Streams, ARegisteredStreamIsProvablyAliveUntilUnregistered) {
+  arcpool_stream_t app = make_app_stream();
+  ASSERT_OK(arcpool_stream_register(alloc_, app));
+  EXPECT_OK(arcpool_stream_register(alloc_, app)) << "registering twice is a no-op";
+  arcpool_allocation_t* a = allocate(kBytes, app);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  sync(app);
+  EXPECT_EQ(1u, stats().origin_routed_frees);
+  ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+  arcpool_allocation_t* b = allocate(kBytes, app);
+  EXPECT_OK(arcpool_deallocate_async(b, s_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  EXPECT_EQ(1u, stats().origin_fallbacks) << "unregistered: no longer provably alive";
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_unregister(alloc_, app));
+  arcpool_allocation_release(a);
+  arcpool_allocation_release(b);
+}
+
+TEST_P(Streams, UnregisteringTakesTheFencesArcpoolStillNeeds) {
+  arcpool_stream_t app = make_app_stream();
+  ASSERT_OK(arcpool_stream_register(alloc_, app));
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  EXPECT_OK(arcpool_record_use(a, app));  // lazily fenced: app is registered
+  gate& busy = block(app);
+  fill_async(app, data(a), kBytes, 0x21);
+  ASSERT_OK(arcpool_stream_unregister(alloc_, app));  // final fence covers the fill
+  const uint64_t before = on_host() ? touched(app) : 0;
+  EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  if (on_host()) {
+    EXPECT_EQ(before, touched(app)) << "an unregistered stream is never touched again";
+  }
+  EXPECT_EQ(0u, core().reclaim_poll_once()) << "freed before the unregistered stream's work";
+  busy.open();
+  sync(app);
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Streams, DestroyingACreatedStreamKeepsItsWorkFenced) {
+  arcpool_stream_t doomed = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc_, &doomed));
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  EXPECT_OK(arcpool_transfer(a, doomed));
+  gate& busy = block(doomed);
+  fill_async(doomed, data(a), kBytes, 0x22);
+  auto done = mark(doomed);
+  ASSERT_OK(arcpool_stream_destroy(alloc_, doomed));  // queued work still runs
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  EXPECT_EQ(0u, core().reclaim_poll_once());
+  busy.open();
+  sync(s_);
+  while (!done->reached()) std::this_thread::yield();
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_destroy(alloc_, make_app_stream()))
+      << "only streams arcpool created can be destroyed through it";
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Streams, DefaultStreamsCannotBeRegistered) {
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_register(alloc_, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_stream_register(alloc_, reinterpret_cast<arcpool_stream_t>(0x2)));
+}
+
+TEST_P(Streams, TheLegacyDefaultStreamIsUsedOnlyWhenPassed) {
+  arcpool_allocation_t* on_legacy = allocate(kBytes, nullptr);
+  EXPECT_OK(arcpool_deallocate_async(on_legacy, nullptr, 0));
+  EXPECT_EQ(1u, stats().same_stream_frees);
+  sync(nullptr);
+  const uint64_t before = on_host() ? touched(nullptr) : 0;
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  arcpool_stream_t other = make_stream();
+  EXPECT_OK(arcpool_record_use(a, other));
+  EXPECT_OK(arcpool_transfer(a, other));
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  sync(other);
+  finish_reclaims();
+  if (on_host()) {
+    EXPECT_EQ(before, touched(nullptr)) << "arcpool enqueued on the legacy default stream";
+  }
+  arcpool_allocation_release(on_legacy);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Streams, APerThreadDefaultOriginIsNeverRoutedToFromAnotherThread) {
+  const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
+  arcpool_allocation_t* a = nullptr;
+  uint64_t origin_id = 0;
+  std::thread([&] {
+    a = allocate(kBytes, per_thread);
+    origin_id = placement(a).origin_stream_id;
+    sync(per_thread);
+  }).join();
+  uint64_t mine = 0;
+  EXPECT_OK(core().drv().stream_id(per_thread, &mine));
+  EXPECT_NE(origin_id, mine) << "the per-thread stream resolves per thread";
+  EXPECT_OK(arcpool_deallocate_async(a, per_thread, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  EXPECT_EQ(1u, stats().origin_fallbacks);
+  EXPECT_EQ(0u, stats().same_stream_frees);
+  sync(per_thread);
+  EXPECT_EQ(1u, stats().frees);
+  arcpool_allocation_release(a);
+}
+
+TEST_P(Streams, FencesComeFromARecycledEventPool) {
+  arcpool_stream_t other = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  for (int i = 0; i < 200; ++i) EXPECT_OK(arcpool_transfer(a, i % 2 ? s_ : other));
+  EXPECT_EQ(200u, stats().fences_taken);
+  EXPECT_LE(core().events().events_created(), 2u) << "events must be recycled, not created";
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+}
+
+/// A fence still referenced is never recycled, even with a pool that keeps one event.
+class OneEventPool : public Streams {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.event_pool_capacity = 1;
+  }
+};
+
+TEST_P(OneEventPool, AReferencedFenceIsNeverRecycled) {
+  arcpool_stream_t app = make_app_stream();
+  arcpool_stream_t x = make_stream();
+  arcpool_stream_t y = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  gate& busy = block(app);
+  EXPECT_OK(arcpool_record_use(a, app));  // fence taken now, held by the use record
+  // Churn the pool: every transfer takes and releases a fence.
+  arcpool_allocation_t* churn = allocate(kBytes, x);
+  for (int i = 0; i < 16; ++i) EXPECT_OK(arcpool_transfer(churn, i % 2 ? x : y));
+  EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+  auto after = mark(s_);
+  settle(s_);
+  EXPECT_FALSE(after->reached()) << "the held fence was recycled and re-recorded";
+  busy.open();
+  sync(s_);
+  EXPECT_TRUE(after->reached());
+  EXPECT_OK(arcpool_deallocate_async(churn, y, ARCPOOL_DEALLOCATE_FLAG_FORCE));
+  sync(y);
+  finish_reclaims();
+  arcpool_allocation_release(a);
+  arcpool_allocation_release(churn);
+}
+
+TEST_P(Streams, SeveralAllocatorsLiveInOneProcess) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = GetParam();
+  arcpool_allocator_t* second = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &second));
+  arcpool_allocation_t* mine = allocate(kBytes, s_);
+  arcpool_allocation_t* theirs = nullptr;
+  ASSERT_OK(arcpool_allocate_async(second, 2 * kBytes, 0, s_, 0, &theirs));
+  EXPECT_EQ(kBytes, stats().bytes_in_use_current);
+  arcpool_stats_t other{};
+  other.struct_size = sizeof(other);
+  other.version = ARCPOOL_STATS_VERSION;
+  EXPECT_OK(arcpool_stats_get(second, &other));
+  EXPECT_EQ(2 * kBytes, other.bytes_in_use_current);
+  arcpool_allocator_destroy(second);  // its live allocation keeps it alive
+  EXPECT_OK(arcpool_deallocate_async(theirs, s_, 0));
+  arcpool_allocation_release(theirs);  // the last record: now it is torn down
+  EXPECT_OK(arcpool_deallocate_async(mine, s_, 0));
+  arcpool_allocation_release(mine);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(Streams);
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(OneEventPool);
+
+}  // namespace
+}  // namespace arcpool::test
