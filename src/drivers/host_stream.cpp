@@ -86,10 +86,8 @@ class stream_table {
       all.insert(all.end(), retired_.begin(), retired_.end());
       if (legacy_) all.push_back(legacy_);
     }
-    for (auto& s : all)
-      s->close();
-    for (auto& s : all)
-      s->synchronize();
+    for (auto& s : all) s->close();
+    for (auto& s : all) s->join();
   }
 
   std::mutex mutex_;
@@ -115,9 +113,11 @@ bool in_host_work() noexcept {
 
 host_stream::host_stream(uint64_t id) : id_(id), worker_([this] { run(); }) {}
 
-host_stream::~host_stream() {
+host_stream::~host_stream() { join(); }
+
+void host_stream::join() {
   close();
-  if (worker_.joinable()) worker_.join();
+  if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
 }
 
 void host_stream::enqueue(std::function<void()> task) {

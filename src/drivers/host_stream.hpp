@@ -41,6 +41,9 @@ class host_stream {
   /// Accepts no more tasks; the worker exits once the queue is empty.
   void close();
 
+  /// Closes the stream and waits for its worker to exit (never from the worker itself).
+  void join();
+
   /// Tasks enqueued so far (tests prove arcpool never touched a stream with it).
   uint64_t enqueued() {
     std::lock_guard<std::mutex> lock(mutex_);
