@@ -1,18 +1,29 @@
 #include "options.hpp"
 
 #include <cstddef>
+#include <cstring>
 
 #include "status.hpp"
 
 namespace arcpool::detail {
 namespace {
 
+/// An enum field as the integer a C caller stored (loading an out-of-range value through the
+/// C++ enum type would be undefined).
+template <class E>
+int raw_value(const E& field) {
+  static_assert(sizeof(E) == sizeof(int));
+  int value = 0;
+  std::memcpy(&value, &field, sizeof(value));
+  return value;
+}
+
 arcpool_routing_t resolve_routing(arcpool_routing_t r, arcpool_routing_t fallback) {
   return r == ARCPOOL_ROUTING_DEFAULT ? fallback : r;
 }
 
-bool valid_routing(arcpool_routing_t r) {
-  return r >= ARCPOOL_ROUTING_DEFAULT && r <= ARCPOOL_ROUTING_DEFERRED;
+bool valid_routing(const arcpool_routing_t& r) {
+  return raw_value(r) >= ARCPOOL_ROUTING_DEFAULT && raw_value(r) <= ARCPOOL_ROUTING_DEFERRED;
 }
 
 }  // namespace
@@ -33,18 +44,19 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
   if (o.device < 0) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: device %d", o.device);
   }
-  if (o.driver < ARCPOOL_DRIVER_AUTO || o.driver > ARCPOOL_DRIVER_HOST) {
+  if (raw_value(o.driver) < ARCPOOL_DRIVER_AUTO || raw_value(o.driver) > ARCPOOL_DRIVER_HOST) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: driver %d",
-                static_cast<int>(o.driver));
+                raw_value(o.driver));
   }
-  if (o.pool_source < ARCPOOL_POOL_OWNED || o.pool_source > ARCPOOL_POOL_DEVICE_CURRENT) {
+  if (raw_value(o.pool_source) < ARCPOOL_POOL_OWNED ||
+      raw_value(o.pool_source) > ARCPOOL_POOL_DEVICE_CURRENT) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: pool_source %d",
-                static_cast<int>(o.pool_source));
+                raw_value(o.pool_source));
   }
   if (!valid_routing(o.foreign_stream_routing) || !valid_routing(o.use_record_routing)) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 "allocator options: routing %d / %d is not an arcpool_routing_t",
-                static_cast<int>(o.foreign_stream_routing), static_cast<int>(o.use_record_routing));
+                raw_value(o.foreign_stream_routing), raw_value(o.use_record_routing));
   }
   if (o.peer_device_count > 0 && o.peer_devices == nullptr) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,

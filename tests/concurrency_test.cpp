@@ -20,7 +20,8 @@ TEST_P(Concurrency, SixteenThreadsAllocatePreserveDiscardTransferDeallocate) {
   constexpr int kShared = 32;
   constexpr int kRounds = 150;
   std::vector<arcpool_stream_t> streams;
-  for (int t = 0; t < kThreads; ++t) streams.push_back(make_stream());
+  for (int t = 0; t < kThreads; ++t)
+    streams.push_back(make_stream());
 
   // Shared allocations: each thread holds one extra claim (and reference) on every one.
   std::vector<arcpool_allocation_t*> shared;
@@ -78,7 +79,8 @@ TEST_P(Concurrency, SixteenThreadsAllocatePreserveDiscardTransferDeallocate) {
       }
     });
   }
-  for (auto& th : threads) th.join();
+  for (auto& th : threads)
+    th.join();
   EXPECT_EQ(0, errors.load()) << arcpool_last_error();
 
   // Only the creator's claim remains on each shared allocation.
@@ -90,7 +92,8 @@ TEST_P(Concurrency, SixteenThreadsAllocatePreserveDiscardTransferDeallocate) {
     EXPECT_OK(arcpool_deallocate_async(a, streams[0], 0));
     arcpool_allocation_release(a);
   }
-  for (arcpool_stream_t s : streams) sync(s);
+  for (arcpool_stream_t s : streams)
+    sync(s);
   finish_reclaims();
   const auto st = stats();
   const uint64_t allocations = kShared + uint64_t{kThreads} * kRounds;
@@ -109,21 +112,24 @@ TEST_P(Concurrency, ExactlyOneConcurrentDiscardIsTheLast) {
   arcpool_stream_t s = make_stream();
   for (int trial = 0; trial < 20; ++trial) {
     arcpool_allocation_t* a = allocate(1024, s);
-    for (int t = 1; t < kThreads; ++t) EXPECT_OK(arcpool_allocation_preserve(a));
+    for (int t = 1; t < kThreads; ++t)
+      EXPECT_OK(arcpool_allocation_preserve(a));
     std::atomic<int> lasts{0};
     std::atomic<int> errors{0};
     std::atomic<bool> go{false};
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&] {
-        while (!go.load()) std::this_thread::yield();
+        while (!go.load())
+          std::this_thread::yield();
         int last = 0;
         if (arcpool_allocation_discard(a, &last) != ARCPOOL_STATUS_SUCCESS) errors.fetch_add(1);
         lasts.fetch_add(last);
       });
     }
     go = true;
-    for (auto& th : threads) th.join();
+    for (auto& th : threads)
+      th.join();
     EXPECT_EQ(1, lasts.load());
     EXPECT_EQ(0, errors.load());
     EXPECT_STATUS(ARCPOOL_STATUS_NOT_OWNER, arcpool_allocation_discard(a, nullptr));
@@ -142,14 +148,16 @@ TEST_P(Concurrency, ConcurrentDeallocationsAcceptExactlyOne) {
     std::vector<std::thread> threads;
     for (int t = 0; t < 8; ++t) {
       threads.emplace_back([&] {
-        while (!go.load()) std::this_thread::yield();
+        while (!go.load())
+          std::this_thread::yield();
         const arcpool_status_t status = arcpool_deallocate_async(a, s, 0);
         if (status == ARCPOOL_STATUS_SUCCESS) accepted.fetch_add(1);
         if (status == ARCPOOL_STATUS_ALREADY_DEALLOCATED) already.fetch_add(1);
       });
     }
     go = true;
-    for (auto& th : threads) th.join();
+    for (auto& th : threads)
+      th.join();
     EXPECT_EQ(1, accepted.load());
     EXPECT_EQ(7, already.load());
     arcpool_allocation_release(a);

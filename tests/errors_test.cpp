@@ -45,7 +45,8 @@ TEST_P(Errors, FreeOfAPointerArcpoolDidNotAllocateIsUnknownPointer) {
   int on_the_stack = 0;
   EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(&on_the_stack, 4, 0, s_));
   arcpool_allocation_t* handle_made = allocate(kBytes, s_);
-  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(data(handle_made), kBytes, 0, s_))
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER,
+                arcpool_free_async(data(handle_made), kBytes, 0, s_))
       << "by-pointer calls see only by-pointer allocations";
   EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(handle_made).state) << "nothing freed";
   EXPECT_EQ(0u, stats().deallocations);
@@ -284,7 +285,8 @@ TEST_P(OutOfMemory, PendingReclaimsCompleteBeforeOutOfMemoryIsReported) {
   // Opens the gate only once the allocation below entered the out-of-memory path, so that the
   // memory can only come back through that path's reclaim.
   std::thread opener([&] {
-    while (stats().oom_retries == 0) std::this_thread::yield();
+    while (stats().oom_retries == 0)
+      std::this_thread::yield();
     held.open();
   });
   arcpool_allocation_t* b = nullptr;

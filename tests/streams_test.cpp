@@ -106,7 +106,8 @@ TEST_P(Streams, DestroyingACreatedStreamKeepsItsWorkFenced) {
   EXPECT_EQ(0u, core().reclaim_poll_once());
   busy.open();
   sync(s_);
-  while (!done->reached()) std::this_thread::yield();
+  while (!done->reached())
+    std::this_thread::yield();
   finish_reclaims();
   EXPECT_EQ(1u, stats().frees);
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_destroy(alloc_, make_app_stream()))
@@ -163,7 +164,8 @@ TEST_P(Streams, APerThreadDefaultOriginIsNeverRoutedToFromAnotherThread) {
 TEST_P(Streams, FencesComeFromARecycledEventPool) {
   arcpool_stream_t other = make_stream();
   arcpool_allocation_t* a = allocate(kBytes, s_);
-  for (int i = 0; i < 200; ++i) EXPECT_OK(arcpool_transfer(a, i % 2 ? s_ : other));
+  for (int i = 0; i < 200; ++i)
+    EXPECT_OK(arcpool_transfer(a, i % 2 ? s_ : other));
   EXPECT_EQ(200u, stats().fences_taken);
   EXPECT_LE(core().events().events_created(), 2u) << "events must be recycled, not created";
   EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
@@ -173,9 +175,7 @@ TEST_P(Streams, FencesComeFromARecycledEventPool) {
 /// A fence still referenced is never recycled, even with a pool that keeps one event.
 class OneEventPool : public Streams {
  protected:
-  void customize(arcpool_allocator_options_t& options) override {
-    options.event_pool_capacity = 1;
-  }
+  void customize(arcpool_allocator_options_t& options) override { options.event_pool_capacity = 1; }
 };
 
 TEST_P(OneEventPool, AReferencedFenceIsNeverRecycled) {
@@ -187,7 +187,8 @@ TEST_P(OneEventPool, AReferencedFenceIsNeverRecycled) {
   EXPECT_OK(arcpool_record_use(a, app));  // fence taken now, held by the use record
   // Churn the pool: every transfer takes and releases a fence.
   arcpool_allocation_t* churn = allocate(kBytes, x);
-  for (int i = 0; i < 16; ++i) EXPECT_OK(arcpool_transfer(churn, i % 2 ? x : y));
+  for (int i = 0; i < 16; ++i)
+    EXPECT_OK(arcpool_transfer(churn, i % 2 ? x : y));
   EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
   auto after = mark(s_);
   settle(s_);

@@ -209,7 +209,8 @@ inline shared_buffer buffer::share() && {
 }
 
 /// A stream created by an allocator (a non-blocking cudaStream_t, or a host worker), which
-/// arcpool knows to be alive until this object is destroyed. Move-only.
+/// arcpool knows to be alive until this object is destroyed. It must not outlive the allocator
+/// object that created it. Move-only.
 class stream {
  public:
   stream() noexcept = default;

@@ -234,8 +234,7 @@ class host_driver final : public driver {
   arcpool_status_t check_not_in_host_work(const char* what) const {
     if (sticky_error_.load(std::memory_order_relaxed)) {
       return fail(ARCPOOL_STATUS_CUDA_ERROR,
-                  "host driver: %s failed: cudaErrorIllegalAddress (simulated sticky error)",
-                  what);
+                  "host driver: %s failed: cudaErrorIllegalAddress (simulated sticky error)", what);
     }
     if (in_host_work()) {
       return fail(ARCPOOL_STATUS_NOT_PERMITTED,
@@ -244,8 +243,7 @@ class host_driver final : public driver {
     return ARCPOOL_STATUS_SUCCESS;
   }
 
-  arcpool_status_t resolve(stream_handle s, const char* what,
-                                  std::shared_ptr<host_stream>* out) {
+  arcpool_status_t resolve(stream_handle s, const char* what, std::shared_ptr<host_stream>* out) {
     ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work(what));
     *out = host_stream_find(s);
     if (!*out) {
@@ -257,7 +255,7 @@ class host_driver final : public driver {
 
   // As resolve, and refuses a capturing stream (the host driver builds no graphs).
   arcpool_status_t resolve_for_work(stream_handle s, const char* what,
-                                           std::shared_ptr<host_stream>* out) {
+                                    std::shared_ptr<host_stream>* out) {
     ARCPOOL_RETURN_IF_ERROR(resolve(s, what, out));
     if ((*out)->capturing.load()) {
       return fail(ARCPOOL_STATUS_UNSUPPORTED, "host driver: %s on capturing stream %p", what,

@@ -86,8 +86,10 @@ class stream_table {
       all.insert(all.end(), retired_.begin(), retired_.end());
       if (legacy_) all.push_back(legacy_);
     }
-    for (auto& s : all) s->close();
-    for (auto& s : all) s->join();
+    for (auto& s : all)
+      s->close();
+    for (auto& s : all)
+      s->join();
   }
 
   std::mutex mutex_;
@@ -113,7 +115,9 @@ bool in_host_work() noexcept {
 
 host_stream::host_stream(uint64_t id) : id_(id), worker_([this] { run(); }) {}
 
-host_stream::~host_stream() { join(); }
+host_stream::~host_stream() {
+  join();
+}
 
 void host_stream::join() {
   close();

@@ -1,0 +1,152 @@
+// The C++ API: buffer / shared_buffer claims, views, transfer, exceptions. On both drivers.
+#include <gtest/gtest.h>
+
+#include <new>
+#include <type_traits>
+
+#include "arcpool/arcpool.hpp"
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+static_assert(!std::is_copy_constructible_v<buffer>, "a buffer is the sole claim");
+static_assert(std::is_nothrow_move_constructible_v<buffer>);
+static_assert(std::is_copy_constructible_v<shared_buffer>, "a copy is a preserve");
+static_assert(std::is_nothrow_destructible_v<buffer>);
+static_assert(std::is_nothrow_destructible_v<shared_buffer>);
+static_assert(std::is_base_of_v<std::bad_alloc, out_of_memory>);
+
+class CppApi : public DriverTest {
+ protected:
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    allocator_options options;
+    options.driver = GetParam();
+    cpp_ = std::make_unique<allocator>(options);
+  }
+  void TearDown() override {
+    cpp_.reset();
+    DriverTest::TearDown();
+  }
+
+  arcpool_stats_t cpp_stats() const { return cpp_->stats(); }
+
+  std::unique_ptr<allocator> cpp_;
+};
+
+TEST_P(CppApi, ABufferDeallocatesOnItsCurrentStreamWhenDestroyed) {
+  stream producer = cpp_->create_stream();
+  stream consumer = cpp_->create_stream();
+  {
+    buffer b = cpp_->allocate_async(4096, producer);
+    EXPECT_NE(nullptr, b.data());
+    EXPECT_EQ(4096u, b.size());
+    EXPECT_TRUE(b.is_terminal());
+    EXPECT_EQ(producer.get(), b.placement().origin_stream);
+    b.transfer_to(consumer);
+    buffer moved = std::move(b);
+    EXPECT_FALSE(b);
+    EXPECT_TRUE(moved);
+  }
+  consumer.synchronize();
+  cpp_->trim();
+  const auto s = cpp_stats();
+  EXPECT_EQ(1u, s.deallocations);
+  EXPECT_EQ(1u, s.frees);
+  EXPECT_EQ(0u, s.bytes_in_use_current);
+}
+
+TEST_P(CppApi, CopyingASharedBufferIsAPreserveAndTheLastCopyFrees) {
+  stream s = cpp_->create_stream();
+  shared_buffer first = cpp_->allocate_async(4096, s).share();
+  EXPECT_TRUE(first.is_terminal());
+  {
+    shared_buffer second = first;  // preserve
+    EXPECT_FALSE(first.is_terminal());
+    EXPECT_EQ(first.data(), second.data());
+    EXPECT_THROW(second.deallocate_async(s), error) << "not the only owner";
+    EXPECT_TRUE(second) << "a failed deallocation keeps the handle";
+  }
+  EXPECT_TRUE(first.is_terminal());
+  EXPECT_EQ(0u, cpp_stats().deallocations);
+  first.reset();
+  s.synchronize();
+  EXPECT_EQ(1u, cpp_stats().deallocations);
+  EXPECT_EQ(1u, cpp_stats().frees);
+}
+
+TEST_P(CppApi, ExplicitDeallocationConsumesTheHandle) {
+  stream s = cpp_->create_stream();
+  buffer b = cpp_->allocate_async(1024, s);
+  b.deallocate_async(s);
+  EXPECT_FALSE(b);
+  s.synchronize();
+  EXPECT_EQ(1u, cpp_stats().frees);
+}
+
+TEST_P(CppApi, OutOfMemoryIsABadAllocNamingTheBytes) {
+  stream s = cpp_->create_stream();
+  try {
+    buffer b = cpp_->allocate_async(size_t{1} << 50, s);
+    FAIL() << "allocated a pebibyte";
+  } catch (const std::bad_alloc& e) {
+    EXPECT_NE(std::string(e.what()).find("1125899906842624"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cpp_->allocate_async(16, s, 3), error);
+  try {
+    cpp_->allocate_async(16, s, 3);
+  } catch (const error& e) {
+    EXPECT_EQ(ARCPOOL_STATUS_INVALID_ARGUMENT, e.status());
+  }
+}
+
+TEST_P(CppApi, AViewHoldsAReferenceButNoClaim) {
+  stream s = cpp_->create_stream();
+  buffer_view v;
+  {
+    buffer b = cpp_->allocate_async(8192, s);
+    v = b.view(4096, 1024);
+    EXPECT_EQ(static_cast<char*>(b.data()) + 4096, v.data());
+    EXPECT_EQ(1024u, v.size());
+    EXPECT_TRUE(b.is_terminal()) << "the view is not an owner";
+  }
+  // The buffer's claim went: the view still reads its record, which answers deallocated.
+  EXPECT_THROW(v.data(), error);
+}
+
+TEST_P(CppApi, ExportHandsTheMemoryToTheCaller) {
+  stream s = cpp_->create_stream();
+  buffer b = cpp_->allocate_async(4096, s);
+  void* p = std::move(b).export_pointer();
+  EXPECT_NE(nullptr, p);
+  EXPECT_FALSE(b);
+  EXPECT_EQ(1u, cpp_stats().exports);
+  detail::from_handle(cpp_->get())->drv().pool_free(p, 4096, s);
+  s.synchronize();
+}
+
+TEST_P(CppApi, BuffersOutliveTheirAllocatorObject) {
+  arcpool_stream_t s = make_stream();  // not the C++ allocator's: it must outlive it
+  buffer b = cpp_->allocate_async(4096, s);
+  cpp_.reset();  // the live buffer keeps the underlying allocator alive
+  EXPECT_NE(nullptr, b.data());
+  b.deallocate_async(s);  // the last record: the allocator is torn down now
+  sync(s);
+}
+
+TEST_P(CppApi, StatsReadAsJson) {
+  stream s = cpp_->create_stream();
+  buffer b = cpp_->allocate_async(4096, s);
+  const std::string json = cpp_->stats_json();
+  EXPECT_NE(json.find("\"bytes_in_use_current\": 4096"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"allocations\": 1"), std::string::npos) << json;
+  EXPECT_EQ('{', json.front());
+  EXPECT_EQ('}', json.back());
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(CppApi);
+
+}  // namespace
+}  // namespace arcpool::test

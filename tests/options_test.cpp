@@ -1,0 +1,169 @@
+// Allocator options and the driver choice (AUTO, ARCPOOL_DRIVER), and the versioned structs.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+/// Sets an environment variable for the scope.
+class scoped_env {
+ public:
+  scoped_env(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~scoped_env() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+arcpool_allocator_options_t defaults() {
+  arcpool_allocator_options_t o;
+  arcpool_allocator_options_init(&o);
+  return o;
+}
+
+TEST(Options, DefaultsAreTheDocumentedOnes) {
+  const auto o = defaults();
+  EXPECT_EQ(sizeof(o), o.struct_size);
+  EXPECT_EQ(ARCPOOL_ALLOCATOR_OPTIONS_VERSION, o.version);
+  EXPECT_EQ(0, o.device);
+  EXPECT_EQ(ARCPOOL_DRIVER_AUTO, o.driver);
+  EXPECT_EQ(ARCPOOL_POOL_OWNED, o.pool_source);
+  EXPECT_EQ(UINT64_MAX, o.release_threshold);
+  EXPECT_EQ(1, o.reuse_follow_event_dependencies);
+  EXPECT_EQ(1, o.reuse_allow_opportunistic);
+  EXPECT_EQ(0, o.reuse_allow_internal_dependencies);
+  EXPECT_EQ(0u, o.hard_limit_bytes);
+}
+
+TEST(Options, AnUninitializedStructIsRejected) {
+  arcpool_allocator_options_t o{};
+  arcpool_allocator_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(&o, &a));
+  EXPECT_NE(std::string(arcpool_last_error()).find("arcpool_allocator_options_init"),
+            std::string::npos);
+  EXPECT_EQ(nullptr, a);
+}
+
+TEST(Options, BadFieldsAreRejected) {
+  arcpool_allocator_t* a = nullptr;
+  auto o = defaults();
+  o.device = -1;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(&o, &a));
+  // Out-of-range enum values, written as a C caller would (raw integers).
+  const int seven = 7;
+  o = defaults();
+  std::memcpy(&o.driver, &seven, sizeof(seven));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(&o, &a));
+  o = defaults();
+  std::memcpy(&o.foreign_stream_routing, &seven, sizeof(seven));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(&o, &a));
+  o = defaults();
+  std::memcpy(&o.pool_source, &seven, sizeof(seven));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(&o, &a));
+  o = defaults();
+  o.peer_device_count = 2;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(&o, &a));
+  EXPECT_EQ(nullptr, a);
+}
+
+TEST(Options, TheEnvironmentOverridesAuto) {
+  scoped_env env("ARCPOOL_DRIVER", "host");
+  arcpool_allocator_t* a = nullptr;
+  ASSERT_OK(arcpool_allocator_create(nullptr, &a));
+  EXPECT_EQ(ARCPOOL_DRIVER_HOST, arcpool_allocator_driver(a));
+  EXPECT_STREQ("host", arcpool_driver_name(arcpool_allocator_driver(a)));
+  arcpool_allocator_destroy(a);
+}
+
+TEST(Options, AnUnknownEnvironmentDriverIsRejected) {
+  scoped_env env("ARCPOOL_DRIVER", "tpu");
+  arcpool_allocator_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(nullptr, &a));
+  EXPECT_NE(std::string(arcpool_last_error()).find("tpu"), std::string::npos);
+}
+
+TEST(Options, AutoPicksCudaWhenUsableElseHost) {
+  scoped_env env("ARCPOOL_DRIVER", "");
+  arcpool_allocator_t* a = nullptr;
+  ASSERT_OK(arcpool_allocator_create(nullptr, &a));
+  EXPECT_EQ(cuda_unavailable_reason().empty() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST,
+            arcpool_allocator_driver(a));
+  arcpool_allocator_destroy(a);
+}
+
+TEST(Options, RequestingCudaWithoutAGpuIsNoDeviceWithTheReason) {
+  if (cuda_unavailable_reason().empty()) GTEST_SKIP() << "a GPU is usable here";
+  auto o = defaults();
+  o.driver = ARCPOOL_DRIVER_CUDA;
+  arcpool_allocator_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_NO_DEVICE, arcpool_allocator_create(&o, &a));
+  EXPECT_NE(std::string(arcpool_last_error()).find("cuda"), std::string::npos)
+      << arcpool_last_error();
+  scoped_env env("ARCPOOL_DRIVER", "cuda");
+  EXPECT_STATUS(ARCPOOL_STATUS_NO_DEVICE, arcpool_allocator_create(nullptr, &a));
+  EXPECT_NE(std::string(arcpool_last_error()).find("ARCPOOL_DRIVER"), std::string::npos)
+      << arcpool_last_error();
+}
+
+TEST(VersionedStructs, AnOlderSmallerStatsStructGetsItsPrefix) {
+  auto o = defaults();
+  o.driver = ARCPOOL_DRIVER_HOST;
+  arcpool_allocator_t* a = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&o, &a));
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_allocate_async(a, 4096, 0, s, 0, &h));
+  // A caller built against a header whose struct ended after bytes_in_use_peak.
+  unsigned char raw[sizeof(arcpool_stats_t) + 16];
+  std::memset(raw, 0xAB, sizeof(raw));
+  auto* stats = reinterpret_cast<arcpool_stats_t*>(raw);
+  const size_t old_size = offsetof(arcpool_stats_t, bytes_in_use_peak) + sizeof(uint64_t);
+  stats->struct_size = old_size;
+  stats->version = 1;
+  ASSERT_OK(arcpool_stats_get(a, stats));
+  EXPECT_EQ(4096u, stats->bytes_in_use_current);
+  EXPECT_EQ(old_size, stats->struct_size) << "the caller's header fields are kept";
+  EXPECT_EQ(0xAB, raw[old_size]) << "nothing written past the caller's struct";
+  stats->struct_size = 4;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stats_get(a, stats));
+  ASSERT_OK(arcpool_stats_reset_peaks(a));
+  size_t length = 0;
+  ASSERT_OK(arcpool_stats_json(a, nullptr, 0, &length));
+  std::string json(length + 1, '\0');
+  ASSERT_OK(arcpool_stats_json(a, json.data(), json.size(), nullptr));
+  EXPECT_EQ('}', json[length - 1]);
+  char tiny[8];
+  ASSERT_OK(arcpool_stats_json(a, tiny, sizeof(tiny), &length));
+  EXPECT_EQ('\0', tiny[7]) << "truncated and terminated";
+  ASSERT_OK(arcpool_deallocate_async(h, s, 0));
+  arcpool_allocation_release(h);
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+}
+
+TEST(VersionedStructs, StatusStringsNameEveryStatus) {
+  for (int s = ARCPOOL_STATUS_SUCCESS; s <= ARCPOOL_STATUS_NO_DEVICE; ++s) {
+    EXPECT_STRNE("ARCPOOL_STATUS_(unknown)",
+                 arcpool_status_string(static_cast<arcpool_status_t>(s)));
+  }
+  EXPECT_EQ(ARCPOOL_VERSION, arcpool_version());
+}
+
+}  // namespace
+}  // namespace arcpool::test

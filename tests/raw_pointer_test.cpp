@@ -1,0 +1,114 @@
+// The raw-pointer entry points frameworks call (PyTorch's pluggable allocator signatures),
+// served by the per-device default allocator. On both drivers.
+#include <gtest/gtest.h>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBytes = 1 << 20;
+
+class RawPointer : public DriverTest {
+ protected:
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    ASSERT_OK(arcpool_default_allocator_set(0, alloc_));
+    s_ = make_stream();
+  }
+  void TearDown() override {
+    if (alloc_ != nullptr) {
+      EXPECT_OK(arcpool_default_allocator_set(0, nullptr));
+    }
+    DriverTest::TearDown();
+  }
+
+  arcpool_stream_t s_ = nullptr;
+};
+
+TEST_P(RawPointer, MallocAndFreeAreStreamOrdered) {
+  arcpool_allocator_t* current = nullptr;
+  ASSERT_OK(arcpool_default_allocator_get(0, &current));
+  EXPECT_EQ(alloc_, current);
+  void* p = arcpool_malloc_async(kBytes, 0, s_);
+  ASSERT_NE(nullptr, p) << arcpool_last_error();
+  EXPECT_EQ(kBytes, stats().bytes_in_use_current);
+  fill_async(s_, p, kBytes, 0x3c);
+  EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));
+  sync(s_);
+  EXPECT_EQ(1u, stats().frees);
+  EXPECT_EQ(0u, stats().bytes_in_use_current);
+}
+
+TEST_P(RawPointer, InteriorPointersResolveToTheirAllocation) {
+  char* p = static_cast<char*>(arcpool_malloc_async(kBytes, 0, s_));
+  ASSERT_NE(nullptr, p);
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(p + kBytes, 0, 0, s_))
+      << "one past the end is not inside";
+  EXPECT_OK(arcpool_record_stream(p + kBytes / 2, s_));
+  EXPECT_OK(arcpool_free_async(p + 100, kBytes, 0, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(p, kBytes, 0, s_));
+}
+
+TEST_P(RawPointer, RecordStreamOrdersTheFreeAfterTheOtherStream) {
+  arcpool_stream_t side = make_stream();
+  void* p = arcpool_malloc_async(kBytes, 0, s_);
+  ASSERT_NE(nullptr, p);
+  EXPECT_OK(arcpool_record_stream(p, side));  // what Tensor.record_stream does
+  gate& busy = block(side);
+  fill_async(side, p, kBytes, 0x3d);
+  EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));  // PyTorch frees on the allocation stream
+  EXPECT_EQ(0u, core().reclaim_poll_once()) << "freed while the side stream still writes";
+  busy.open();
+  sync(side);
+  finish_reclaims();
+  EXPECT_EQ(1u, stats().frees);
+}
+
+TEST_P(RawPointer, ZeroBytesIsNullAndFreeingNullIsANoOp) {
+  EXPECT_EQ(nullptr, arcpool_malloc_async(0, 0, s_));
+  EXPECT_OK(arcpool_free_async(nullptr, 0, 0, s_));
+  EXPECT_EQ(0u, stats().allocations);
+}
+
+TEST_P(RawPointer, AWrongDeviceIsAnInvalidArgumentAndFreesNothing) {
+  void* p = arcpool_malloc_async(kBytes, 0, s_);
+  ASSERT_NE(nullptr, p);
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_free_async(p, kBytes, 3, s_));
+  EXPECT_EQ(0u, stats().deallocations);
+  EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));
+}
+
+TEST_P(RawPointer, RecordStreamOfAnUnknownPointerIsUnknownPointer) {
+  int x = 0;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_record_stream(&x, s_));
+}
+
+TEST_P(RawPointer, AllocationsOfAReplacedDefaultStayValid) {
+  void* p = arcpool_malloc_async(kBytes, 0, s_);
+  ASSERT_NE(nullptr, p);
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = GetParam();
+  arcpool_allocator_t* replacement = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &replacement));
+  ASSERT_OK(arcpool_default_allocator_set(0, replacement));
+  arcpool_allocator_destroy(replacement);  // the default table keeps its own reference
+  void* q = arcpool_malloc_async(kBytes, 0, s_);
+  ASSERT_NE(nullptr, q);
+  EXPECT_EQ(1u, stats().allocations) << "new allocations come from the replacement";
+  EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));
+  EXPECT_OK(arcpool_free_async(q, kBytes, 0, s_));
+  EXPECT_EQ(1u, stats().deallocations);
+}
+
+TEST_P(RawPointer, ADefaultAllocatorMustServeItsDevice) {
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_default_allocator_set(1, alloc_));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_default_allocator_set(-1, alloc_));
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(RawPointer);
+
+}  // namespace
+}  // namespace arcpool::test
