@@ -42,7 +42,7 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
     : config_(config),
       driver_(std::move(drv)),
       events_(*driver_, config.event_pool_capacity),
-      reclaimer_(*driver_, stats_) {}
+      reclaimer_(*driver_, stats_, config.before_free, config.before_free_user_data) {}
 
 allocator::~allocator() {
   // Streams arcpool created die with it; registered ones are only forgotten.
@@ -430,6 +430,10 @@ arcpool_status_t allocator::free_on(allocation& a, stream_handle target,
                                     const std::vector<fence_ref>& fences) {
   arcpool_status_t status = wait_all(target, fences);
   if (status == ARCPOOL_STATUS_SUCCESS) {
+    if (config_.before_free != nullptr) {
+      config_.before_free(a.placement.base, a.placement.held_bytes, target,
+                          config_.before_free_user_data);
+    }
     status = driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
   }
   stats_.bytes_held.sub(a.placement.held_bytes);

@@ -33,8 +33,7 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
   arcpool_allocator_options_t defaults;
   arcpool_allocator_options_init(&defaults);
   const arcpool_allocator_options_t& o = options ? *options : defaults;
-  if (o.struct_size <
-          offsetof(arcpool_allocator_options_t, on_out_of_memory_user_data) + sizeof(void*) ||
+  if (o.struct_size < sizeof(arcpool_allocator_options_t) ||
       o.version != ARCPOOL_ALLOCATOR_OPTIONS_VERSION) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 "allocator options: struct_size %zu / version %u do not match this library "
@@ -82,6 +81,8 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
   if (o.event_pool_capacity != 0) c.event_pool_capacity = o.event_pool_capacity;
   c.on_out_of_memory = o.on_out_of_memory;
   c.on_out_of_memory_user_data = o.on_out_of_memory_user_data;
+  c.before_free = o.before_free;
+  c.before_free_user_data = o.before_free_user_data;
   *out = std::move(c);
   return ARCPOOL_STATUS_SUCCESS;
 }

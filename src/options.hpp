@@ -20,6 +20,8 @@ struct allocator_config {
   size_t event_pool_capacity = 1024;
   arcpool_oom_callback_t on_out_of_memory = nullptr;
   void* on_out_of_memory_user_data = nullptr;
+  arcpool_before_free_t before_free = nullptr;
+  void* before_free_user_data = nullptr;
 };
 
 /// Validates `options` (NULL: all defaults) into `out`. INVALID_ARGUMENT names the bad field.

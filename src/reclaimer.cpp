@@ -8,7 +8,17 @@
 
 namespace arcpool::detail {
 
-reclaimer::reclaimer(driver& drv, stats& counters) : driver_(drv), stats_(counters) {}
+reclaimer::reclaimer(driver& drv, stats& counters, arcpool_before_free_t before_free,
+                     void* before_free_user_data)
+    : driver_(drv),
+      stats_(counters),
+      before_free_(before_free),
+      before_free_user_data_(before_free_user_data) {}
+
+arcpool_status_t reclaimer::free_on(reclaim_item& item, stream_handle s) {
+  if (before_free_ != nullptr) before_free_(item.pointer, item.bytes, s, before_free_user_data_);
+  return driver_.pool_free(item.pointer, item.bytes, s);
+}
 
 reclaimer::~reclaimer() {
   stop_worker(!process_exiting());
@@ -105,7 +115,7 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
               capturing) {
             return ARCPOOL_STATUS_UNSUPPORTED;
           }
-          return driver_.pool_free(item.pointer, item.bytes, origin);
+          return free_on(item, origin);
         },
         ARCPOOL_STATUS_UNSUPPORTED);
   }
@@ -116,7 +126,7 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
     if (prefer_origin && item.routed_to_origin) stats::count(stats_.origin_fallbacks);
     stream_handle s = nullptr;
     status = reclaim_stream(&s);
-    if (status == ARCPOOL_STATUS_SUCCESS) status = driver_.pool_free(item.pointer, item.bytes, s);
+    if (status == ARCPOOL_STATUS_SUCCESS) status = free_on(item, s);
   }
   if (status == ARCPOOL_STATUS_SUCCESS) {
     stats::count(stats_.frees);

@@ -35,7 +35,9 @@ struct reclaim_item {
 
 class reclaimer {
  public:
-  reclaimer(driver& drv, stats& counters);
+  /// `before_free` (may be null) runs before every pool free it enqueues (the poison hook).
+  reclaimer(driver& drv, stats& counters, arcpool_before_free_t before_free,
+            void* before_free_user_data);
   /// Completes every pending item (blocking on its fences) and joins the worker. When the
   /// process is exiting it only stops the worker: no CUDA call after teardown.
   ~reclaimer();
@@ -77,8 +79,13 @@ class reclaimer {
   void complete(reclaim_item& item, bool failed, bool prefer_origin);
   arcpool_status_t reclaim_stream(stream_handle* out);
 
+  /// Enqueues the pool free of `item` on `s`, after the poison hook.
+  arcpool_status_t free_on(reclaim_item& item, stream_handle s);
+
   driver& driver_;
   stats& stats_;
+  const arcpool_before_free_t before_free_;
+  void* const before_free_user_data_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;

@@ -147,6 +147,14 @@ typedef enum arcpool_routing_t {
  * the allocating thread, outside arcpool's locks; may call arcpool. */
 typedef int (*arcpool_oom_callback_t)(size_t requested_bytes, void* user_data);
 
+/** Debug hook: called right before arcpool enqueues the free of [pointer, pointer + bytes) on
+ * `stream`, after every wait the free needs, so that work it enqueues on `stream` (a poison
+ * fill) runs after the last use and before the memory can be reused. Runs on the deallocating
+ * thread or the reclaim worker, with arcpool's locks held: it may enqueue work on `stream`
+ * (a kernel, or arcpool_stream_launch_host_func) and must call nothing else of arcpool. */
+typedef void (*arcpool_before_free_t)(void* pointer, size_t bytes, arcpool_stream_t stream,
+                                      void* user_data);
+
 /** Version of arcpool_allocator_options_t this header describes. */
 #define ARCPOOL_ALLOCATOR_OPTIONS_VERSION 1
 
@@ -195,6 +203,9 @@ typedef struct arcpool_allocator_options_t {
   /** Out-of-memory callback (see arcpool_oom_callback_t). Default NULL. */
   arcpool_oom_callback_t on_out_of_memory;
   void* on_out_of_memory_user_data; /**< Passed to on_out_of_memory. */
+  /** Debug: poison hook (see arcpool_before_free_t). Default NULL. */
+  arcpool_before_free_t before_free;
+  void* before_free_user_data; /**< Passed to before_free. */
 } arcpool_allocator_options_t;
 
 /** Fills `options` with the defaults documented on each field. Thread-safe; never blocks. */

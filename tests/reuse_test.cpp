@@ -1,0 +1,184 @@
+// Premature reuse, caught by contents (issue 3, DESIGN.md §12): hold the stream that still
+// reads an allocation, do the operation, immediately allocate the same size on other streams
+// and fill it, then release the hold: the reader must still see the original pattern. Three
+// streams, as in RMM's cross-stream reuse bug. Poison mode is on, so a free that ran early also
+// shows as a mismatch. On both drivers (device kernels on CUDA, host work on the host driver).
+#include <gtest/gtest.h>
+
+#include "support/driver_test.hpp"
+#include "workload.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBytes = 4 << 20;
+
+class Reuse : public DriverTest {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    if (GetParam() == ARCPOOL_DRIVER_HOST) {
+      // Host work needs a host allocator to enqueue through; any one will do.
+      arcpool_allocator_options_t host;
+      arcpool_allocator_options_init(&host);
+      host.driver = ARCPOOL_DRIVER_HOST;
+      ASSERT_OK(arcpool_allocator_create(&host, &work_allocator_));
+      work_ = kernels::make_host_workload(work_allocator_);
+    } else {
+      work_ = kernels::make_cuda_workload();
+    }
+    ASSERT_NE(nullptr, work_) << "no workload for this driver (kernels off)";
+    options.before_free = &kernels::workload::poison_before_free;
+    options.before_free_user_data = work_.get();
+  }
+
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    origin_ = make_stream();
+    user_ = make_stream();
+    other_ = make_stream();
+  }
+
+  void TearDown() override {
+    DriverTest::TearDown();
+    work_.reset();
+    arcpool_allocator_destroy(work_allocator_);
+  }
+
+  /// A filled allocation on the origin whose reader, `user_`, is held: a verify is queued on
+  /// `user_` behind a gate. The caller then frees it somehow.
+  arcpool_allocation_t* read_while_held(uint32_t flags = 0) {
+    arcpool_allocation_t* a = allocate(kBytes, origin_, flags);
+    EXPECT_OK(work_->fill(data(a), kBytes, kTag, 0, origin_));
+    EXPECT_OK(work_->wait_stream(user_, origin_));
+    gate_ = &block(user_);
+    EXPECT_OK(work_->verify(data(a), kBytes, kTag, 0, user_));
+    return a;
+  }
+
+  /// Gives a premature free every chance to land while the reader is held: one reclaim pass
+  /// on this thread (a deferred free whose fence were ignored completes here), then the other
+  /// streams run as far as they can.
+  void let_early_frees_land() {
+    core().reclaim_poll_once();
+    settle(origin_);
+    settle(other_);
+  }
+
+  /// Allocates the same size on the other streams, fills it at once, releases the reader and
+  /// expects it saw the original contents.
+  void reallocate_release_and_check() {
+    let_early_frees_land();
+    std::vector<arcpool_allocation_t*> fresh;
+    for (arcpool_stream_t s : {other_, origin_}) {
+      arcpool_allocation_t* b = allocate(kBytes, s);
+      EXPECT_OK(work_->fill(data(b), kBytes, kTag + 1 + fresh.size(), 0, s));
+      fresh.push_back(b);
+    }
+    let_early_frees_land();
+    gate_->open();
+    for (arcpool_stream_t s : {origin_, user_, other_})
+      sync(s);
+    EXPECT_EQ(0u, work_->mismatches()) << "memory still read was reused or poisoned";
+    EXPECT_EQ(kBytes / 4, work_->verified_words());
+    for (arcpool_allocation_t* b : fresh) {
+      EXPECT_OK(arcpool_deallocate_async(b, placement(b).origin_stream, 0));
+      arcpool_allocation_release(b);
+    }
+  }
+
+  static constexpr uint64_t kTag = 0xA11C;
+  arcpool_allocator_t* work_allocator_ = nullptr;
+  std::unique_ptr<kernels::workload> work_;
+  arcpool_stream_t origin_ = nullptr;
+  arcpool_stream_t user_ = nullptr;
+  arcpool_stream_t other_ = nullptr;
+  gate* gate_ = nullptr;
+};
+
+TEST_P(Reuse, EveryRoutingStrategyWaitsForTheReader) {
+  for (uint32_t flag : {uint32_t{0}, uint32_t{ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE},
+                        uint32_t{ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN},
+                        uint32_t{ARCPOOL_DEALLOCATE_FLAG_DEFERRED}}) {
+    SCOPED_TRACE(flag);
+    arcpool_allocation_t* a = allocate(kBytes, origin_);
+    EXPECT_OK(work_->fill(data(a), kBytes, kTag, 0, origin_));
+    EXPECT_OK(arcpool_transfer(a, user_));  // the reader is the current stream
+    gate_ = &block(user_);
+    const uint64_t before = work_->verified_words();
+    EXPECT_OK(work_->verify(data(a), kBytes, kTag, 0, user_));
+    EXPECT_OK(arcpool_deallocate_async(a, other_, flag));
+    arcpool_allocation_release(a);
+    let_early_frees_land();
+    arcpool_allocation_t* b = allocate(kBytes, other_);
+    arcpool_allocation_t* c = allocate(kBytes, origin_);
+    EXPECT_OK(work_->fill(data(b), kBytes, kTag + 1, 0, other_));
+    EXPECT_OK(work_->fill(data(c), kBytes, kTag + 2, 0, origin_));
+    let_early_frees_land();
+    gate_->open();
+    for (arcpool_stream_t s : {origin_, user_, other_})
+      sync(s);
+    EXPECT_EQ(0u, work_->mismatches());
+    EXPECT_EQ(before + kBytes / 4, work_->verified_words());
+    finish_reclaims();
+    for (auto [h, s] : {std::pair{b, other_}, std::pair{c, origin_}}) {
+      EXPECT_OK(arcpool_deallocate_async(h, s, 0));
+      arcpool_allocation_release(h);
+    }
+  }
+}
+
+TEST_P(Reuse, ARecordedUseHoldsTheFree) {
+  arcpool_allocation_t* a = read_while_held();
+  EXPECT_OK(arcpool_record_use(a, user_));
+  EXPECT_OK(arcpool_deallocate_async(a, origin_, 0));
+  arcpool_allocation_release(a);
+  reallocate_release_and_check();
+}
+
+TEST_P(Reuse, ATransferHoldsTheReceiverAndTheFree) {
+  arcpool_allocation_t* a = read_while_held();
+  EXPECT_OK(arcpool_record_use(a, user_));
+  EXPECT_OK(arcpool_transfer(a, other_));  // other_ now waits for the held reader
+  EXPECT_OK(arcpool_deallocate_async(a, other_, 0));
+  arcpool_allocation_release(a);
+  reallocate_release_and_check();
+}
+
+TEST_P(Reuse, IndeterminateLifetimeHoldsTheFree) {
+  arcpool_allocation_t* a = read_while_held(ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME);
+  EXPECT_OK(arcpool_record_use(a, user_));
+  EXPECT_OK(arcpool_deallocate_async(a, origin_, 0));
+  arcpool_allocation_release(a);
+  reallocate_release_and_check();
+}
+
+TEST_P(Reuse, AnImplicitFreeHoldsForTheReader) {
+  arcpool_allocation_t* a = read_while_held();
+  EXPECT_OK(arcpool_record_use(a, user_));
+  arcpool_allocation_release(a);  // a leaked owner
+  EXPECT_EQ(1u, stats().implicit_frees);
+  reallocate_release_and_check();
+}
+
+/// The deliberately wrong program: a free without its fence. The reader is held; the free's
+/// poison runs on another stream at once, with no wait on the reader, as a free routed without
+/// its fence would. Poison mode makes the reader see it. (The memory itself is given back
+/// after the reader, so that the host driver's reader never touches freed host memory.)
+TEST_P(Reuse, PoisonModeCatchesAFreeWithoutItsFence) {
+  arcpool_allocation_t* a = read_while_held();
+  void* p = nullptr;
+  EXPECT_OK(arcpool_allocation_export(a, &p));  // the raw pointer is ours to mishandle
+  arcpool_allocation_release(a);
+  EXPECT_OK(work_->poison(p, kBytes, other_));  // no wait on the reader: the missing fence
+  sync(other_);
+  gate_->open();
+  sync(user_);
+  EXPECT_GT(work_->mismatches(), 0u) << "poison mode did not catch the missing fence";
+  EXPECT_OK(core().drv().pool_free(p, kBytes, user_));
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(Reuse);
+
+}  // namespace
+}  // namespace arcpool::test

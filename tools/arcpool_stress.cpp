@@ -1,0 +1,489 @@
+// arcpool-stress: N streams × T host threads doing random allocate / fill / transfer / use
+// (record_use) / preserve / share / discard / deallocate (every routing strategy) /
+// indeterminate allocations / imports / views, with a verify before every free. Any memory
+// handed out while still in use shows up as a mismatch. Prints operations per second by kind,
+// bytes in use and reserved and the mismatch count; exits non-zero on any mismatch or error.
+// On the host driver the same program runs with host fill/verify work (CI runs it there).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "arcpool/arcpool.h"
+#include "workload.hpp"
+
+namespace {
+
+using arcpool::kernels::workload;
+
+struct config {
+  arcpool_driver_kind_t driver = ARCPOOL_DRIVER_AUTO;
+  int streams = 8;
+  int threads = 4;
+  double seconds = 5;
+  uint64_t ops = 0;  // per thread; 0: run for `seconds`
+  size_t min_bytes = 256;
+  size_t max_bytes = 0;      // 0: 4 MiB on the CUDA driver, 64 KiB on the host driver
+  uint64_t sync_every = 32;  // backpressure: a stream synchronize every N operations
+  size_t live_per_thread = 48;
+  uint64_t seed = 1;
+  bool poison = false;
+  const char* json = nullptr;
+};
+
+// The operation kinds, in one list: name and weight.
+#define ARCPOOL_STRESS_OPS(X) \
+  X(allocate, 20)             \
+  X(transfer, 12)             \
+  X(use, 12)                  \
+  X(view, 6)                  \
+  X(share, 5)                 \
+  X(adopt, 5)                 \
+  X(deallocate, 18)           \
+  X(indeterminate, 4)         \
+  X(import, 3)
+
+enum op : int {
+#define ARCPOOL_STRESS_ENUM(name, weight) op_##name,
+  ARCPOOL_STRESS_OPS(ARCPOOL_STRESS_ENUM)
+#undef ARCPOOL_STRESS_ENUM
+      op_count
+};
+const char* const kOpNames[] = {
+#define ARCPOOL_STRESS_NAME(name, weight) #name,
+    ARCPOOL_STRESS_OPS(ARCPOOL_STRESS_NAME)
+#undef ARCPOOL_STRESS_NAME
+};
+const int kOpWeights[] = {
+#define ARCPOOL_STRESS_WEIGHT(name, weight) weight,
+    ARCPOOL_STRESS_OPS(ARCPOOL_STRESS_WEIGHT)
+#undef ARCPOOL_STRESS_WEIGHT
+};
+
+/// One allocation a thread holds a claim on.
+struct slot {
+  arcpool_allocation_t* handle;
+  uint64_t tag;
+  size_t bytes;
+};
+
+/// Claims handed between threads (each entry holds one claim and one reference).
+struct exchange {
+  std::mutex mutex;
+  std::vector<slot> entries;
+};
+
+struct shared_state {
+  const config* cfg;
+  arcpool_allocator_t* alloc;
+  workload* work;
+  std::vector<arcpool_stream_t> streams;
+  exchange swap;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> next_tag{1};
+  std::atomic<uint64_t> errors{0};
+  std::mutex error_mutex;
+  std::vector<std::string> first_errors;
+  std::atomic<uint64_t> counts[op_count] = {};
+};
+
+class worker {
+ public:
+  worker(shared_state& s, int index) : s_(s), rng_(s.cfg->seed * 1000003 + index) {}
+
+  void run() {
+    std::discrete_distribution<int> pick(std::begin(kOpWeights), std::end(kOpWeights));
+    for (uint64_t n = 0; !s_.stop.load(std::memory_order_relaxed); ++n) {
+      if (s_.cfg->ops != 0 && n >= s_.cfg->ops) break;
+      int o = pick(rng_);
+      if (live_.size() >= s_.cfg->live_per_thread) o = op_deallocate;
+      if (live_.empty() && o != op_indeterminate && o != op_import && o != op_adopt) {
+        o = op_allocate;
+      }
+      if (do_op(o)) s_.counts[o].fetch_add(1, std::memory_order_relaxed);
+      // Keep the queues short: the host enqueues far faster than the streams run.
+      if (s_.cfg->sync_every != 0 && n % s_.cfg->sync_every == 0) {
+        ok(arcpool_stream_synchronize(s_.alloc, stream()), "synchronize");
+      }
+    }
+    while (!live_.empty())
+      free_slot(take(live_.size() - 1));
+    for (slot& a : adopted_)
+      drop_adopted(a);
+    adopted_.clear();
+  }
+
+ private:
+  bool do_op(int o) {
+    switch (o) {
+      case op_allocate:
+        return allocate(0);
+      case op_indeterminate:
+        return allocate(ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME);
+      case op_import:
+        return import();
+      case op_transfer: {
+        slot& a = any();
+        return ok(arcpool_transfer(a.handle, stream()), "transfer");
+      }
+      case op_use:
+        return use(any(), stream());
+      case op_view:
+        return view(any());
+      case op_share:
+        return share(any());
+      case op_adopt:
+        return adopt();
+      case op_deallocate:
+        if (!adopted_.empty() && coin()) {
+          drop_adopted(adopted_.back());
+          adopted_.pop_back();
+          return true;
+        }
+        free_slot(take(index()));
+        return true;
+    }
+    return false;
+  }
+
+  size_t random_size() {
+    const double lo = std::log2(static_cast<double>(s_.cfg->min_bytes));
+    const double hi = std::log2(static_cast<double>(s_.cfg->max_bytes));
+    const double e = std::uniform_real_distribution<double>(lo, hi)(rng_);
+    return std::max<size_t>(16, static_cast<size_t>(std::exp2(e)) / 16 * 16);
+  }
+
+  bool allocate(uint32_t flags) {
+    slot a{nullptr, s_.next_tag.fetch_add(1), random_size()};
+    arcpool_stream_t s = stream();
+    if (!ok(arcpool_allocate_async(s_.alloc, a.bytes, 0, s, flags, &a.handle), "allocate")) {
+      return false;
+    }
+    ok(s_.work->fill(data(a), a.bytes, a.tag, 0, s), "fill");
+    live_.push_back(a);
+    return true;
+  }
+
+  bool import() {
+    slot a{nullptr, s_.next_tag.fetch_add(1), random_size()};
+    void* p = s_.work->foreign_allocate(a.bytes);
+    if (p == nullptr) return ok(ARCPOOL_STATUS_OUT_OF_MEMORY, "foreign allocate");
+    arcpool_stream_t s = stream();
+    // A consuming import: arcpool now frees the foreign memory through on_free, exactly once.
+    if (!ok(arcpool_import(s_.alloc, p, a.bytes, s, ARCPOOL_IMPORT_FLAG_CONSUME,
+                           &workload::foreign_free, s_.work, &a.handle),
+            "import")) {
+      return false;
+    }
+    ok(s_.work->fill(p, a.bytes, a.tag, 0, s), "fill");
+    live_.push_back(a);
+    return true;
+  }
+
+  /// Uses `a` on `u`: `u` waits for the current stream (the application's sync), verifies, and
+  /// the use is recorded so that any free waits for it.
+  bool use(const slot& a, arcpool_stream_t u) {
+    arcpool_allocation_info_t info{};
+    info.struct_size = sizeof(info);
+    info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+    if (!ok(arcpool_allocation_info(a.handle, &info), "info")) return false;
+    ok(s_.work->wait_stream(u, info.current_stream), "wait_stream");
+    ok(s_.work->verify(data(a), a.bytes, a.tag, 0, u), "verify");
+    return ok(arcpool_record_use(a.handle, u), "record_use");
+  }
+
+  bool view(const slot& a) {
+    const size_t words = a.bytes / 4;
+    const size_t first = std::uniform_int_distribution<size_t>(0, words - 1)(rng_);
+    const size_t count = std::uniform_int_distribution<size_t>(1, words - first)(rng_);
+    arcpool_allocation_t* v = nullptr;
+    if (!ok(arcpool_allocation_view(a.handle, first * 4, count * 4, &v), "view")) return false;
+    arcpool_allocation_info_t info{};
+    info.struct_size = sizeof(info);
+    info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+    ok(arcpool_allocation_info(v, &info), "info");
+    void* p = nullptr;
+    ok(arcpool_allocation_data(v, &p), "view data");
+    ok(s_.work->verify(p, count * 4, a.tag, first, info.current_stream), "verify view");
+    return ok(arcpool_allocation_release(v), "release view");
+  }
+
+  bool share(const slot& a) {
+    if (!ok(arcpool_allocation_preserve(a.handle), "preserve")) return false;
+    ok(arcpool_allocation_retain(a.handle), "retain");
+    std::lock_guard<std::mutex> lock(s_.swap.mutex);
+    s_.swap.entries.push_back(a);
+    return true;
+  }
+
+  bool adopt() {
+    slot a{};
+    {
+      std::lock_guard<std::mutex> lock(s_.swap.mutex);
+      if (s_.swap.entries.empty()) return false;
+      a = s_.swap.entries.back();
+      s_.swap.entries.pop_back();
+    }
+    adopted_.push_back(a);
+    return use(a, stream());
+  }
+
+  /// Gives up an adopted claim: a last use on this thread's stream, then discard; the last
+  /// owner deallocates on the current stream.
+  void drop_adopted(const slot& a) {
+    use(a, stream());
+    ok(arcpool_allocation_discard_and_release(a.handle), "discard_and_release");
+  }
+
+  /// Verifies, then deallocates with a random strategy from a random stream; with other owners
+  /// outstanding the claim is discarded instead (the last owner frees).
+  void free_slot(slot a) {
+    arcpool_allocation_info_t info{};
+    info.struct_size = sizeof(info);
+    info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+    ok(arcpool_allocation_info(a.handle, &info), "info");
+    ok(s_.work->verify(data(a), a.bytes, a.tag, 0, info.current_stream), "verify before free");
+    static constexpr uint32_t kRoutes[] = {0, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE,
+                                           ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN,
+                                           ARCPOOL_DEALLOCATE_FLAG_DEFERRED};
+    const uint32_t route = kRoutes[rng_() % 4];
+    const arcpool_status_t status = arcpool_deallocate_async(a.handle, stream(), route);
+    if (status == ARCPOOL_STATUS_NOT_OWNER) {
+      ok(arcpool_allocation_discard_and_release(a.handle), "discard_and_release");
+      return;
+    }
+    ok(status, "deallocate");
+    ok(arcpool_allocation_release(a.handle), "release");
+  }
+
+  void* data(const slot& a) {
+    void* p = nullptr;
+    ok(arcpool_allocation_data(a.handle, &p), "data");
+    return p;
+  }
+
+  bool ok(arcpool_status_t status, const char* what) {
+    if (status == ARCPOOL_STATUS_SUCCESS) return true;
+    s_.errors.fetch_add(1);
+    std::lock_guard<std::mutex> lock(s_.error_mutex);
+    if (s_.first_errors.size() < 8) {
+      s_.first_errors.push_back(std::string(what) + ": " + arcpool_last_error());
+    }
+    return false;
+  }
+
+  arcpool_stream_t stream() { return s_.streams[rng_() % s_.streams.size()]; }
+  size_t index() { return rng_() % live_.size(); }
+  slot& any() { return live_[index()]; }
+  bool coin() { return rng_() & 1; }
+  slot take(size_t i) {
+    slot a = live_[i];
+    live_[i] = live_.back();
+    live_.pop_back();
+    return a;
+  }
+
+  shared_state& s_;
+  std::mt19937_64 rng_;
+  std::vector<slot> live_;
+  std::vector<slot> adopted_;
+};
+
+bool parse(int argc, char** argv, config* c) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--driver") {
+      const std::string d = value();
+      c->driver = d == "cuda"   ? ARCPOOL_DRIVER_CUDA
+                  : d == "host" ? ARCPOOL_DRIVER_HOST
+                                : ARCPOOL_DRIVER_AUTO;
+    } else if (a == "--streams") {
+      c->streams = std::atoi(value());
+    } else if (a == "--threads") {
+      c->threads = std::atoi(value());
+    } else if (a == "--seconds") {
+      c->seconds = std::atof(value());
+    } else if (a == "--ops") {
+      c->ops = std::strtoull(value(), nullptr, 10);
+    } else if (a == "--min-bytes") {
+      c->min_bytes = std::strtoull(value(), nullptr, 10);
+    } else if (a == "--max-bytes") {
+      c->max_bytes = std::strtoull(value(), nullptr, 10);
+    } else if (a == "--sync-every") {
+      c->sync_every = std::strtoull(value(), nullptr, 10);
+    } else if (a == "--live") {
+      c->live_per_thread = std::strtoull(value(), nullptr, 10);
+    } else if (a == "--seed") {
+      c->seed = std::strtoull(value(), nullptr, 10);
+    } else if (a == "--poison") {
+      c->poison = true;
+    } else if (a == "--json") {
+      c->json = value();
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--driver auto|cuda|host] [--streams N] [--threads N] "
+                   "[--seconds S | --ops N] [--min-bytes N] [--max-bytes N] [--live N] "
+                   "[--sync-every N] [--seed N] [--poison] [--json FILE]\n",
+                   argv[0]);
+      return false;
+    }
+  }
+  return c->streams > 0 && c->threads > 0 && c->min_bytes >= 16 &&
+         (c->max_bytes == 0 || c->max_bytes >= c->min_bytes) && c->live_per_thread > 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config cfg;
+  if (!parse(argc, argv, &cfg)) return 2;
+
+  // The allocator comes first (it picks the driver); the poison hook needs the workload, which
+  // needs the allocator on the host driver: resolve the driver with a probe allocator.
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = cfg.driver;
+  arcpool_allocator_t* probe = nullptr;
+  if (arcpool_allocator_create(&options, &probe) != ARCPOOL_STATUS_SUCCESS) {
+    std::fprintf(stderr, "arcpool-stress: %s\n", arcpool_last_error());
+    return 1;
+  }
+  options.driver = arcpool_allocator_driver(probe);
+  if (cfg.max_bytes == 0) {
+    cfg.max_bytes = options.driver == ARCPOOL_DRIVER_HOST ? size_t{64} << 10 : size_t{4} << 20;
+    cfg.max_bytes = std::max(cfg.max_bytes, cfg.min_bytes);
+  }
+  std::unique_ptr<workload> work = arcpool::kernels::make_workload(probe);
+  if (!work) {
+    std::fprintf(stderr, "arcpool-stress: no %s workload in this build (kernels off)\n",
+                 arcpool_driver_name(options.driver));
+    arcpool_allocator_destroy(probe);
+    return 1;
+  }
+  arcpool_allocator_t* alloc = probe;
+  if (cfg.poison) {
+    // Poison mode: every free is preceded by a poison fill on the freeing stream.
+    options.before_free = &workload::poison_before_free;
+    options.before_free_user_data = work.get();
+    if (arcpool_allocator_create(&options, &alloc) != ARCPOOL_STATUS_SUCCESS) {
+      std::fprintf(stderr, "arcpool-stress: %s\n", arcpool_last_error());
+      return 1;
+    }
+  }
+
+  shared_state s;
+  s.cfg = &cfg;
+  s.alloc = alloc;
+  s.work = work.get();
+  for (int i = 0; i < cfg.streams; ++i) {
+    arcpool_stream_t st = nullptr;
+    if (arcpool_stream_create(alloc, &st) != ARCPOOL_STATUS_SUCCESS) {
+      std::fprintf(stderr, "arcpool-stress: %s\n", arcpool_last_error());
+      return 1;
+    }
+    s.streams.push_back(st);
+  }
+  std::printf("arcpool-stress: %s driver, %d streams x %d threads, %s, sizes %zu..%zu bytes%s\n",
+              arcpool_driver_name(options.driver), cfg.streams, cfg.threads,
+              cfg.ops ? (std::to_string(cfg.ops) + " ops per thread").c_str()
+                      : (std::to_string(cfg.seconds) + " s").c_str(),
+              cfg.min_bytes, cfg.max_bytes, cfg.poison ? ", poison on free" : "");
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < cfg.threads; ++t) {
+    threads.emplace_back([&s, t] { worker(s, t).run(); });
+  }
+  if (cfg.ops == 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(cfg.seconds));
+    s.stop = true;
+  }
+  for (auto& th : threads)
+    th.join();
+  // Claims still in the exchange: nobody adopted them.
+  for (slot& a : s.swap.entries)
+    arcpool_allocation_discard_and_release(a.handle);
+  for (arcpool_stream_t st : s.streams)
+    arcpool_stream_synchronize(alloc, st);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  arcpool_stats_get(alloc, &st);  // before trim: the reserved peak as the run left it
+  if (arcpool_allocator_trim(alloc, 0) != ARCPOOL_STATUS_SUCCESS) {
+    s.errors.fetch_add(1);
+    s.first_errors.push_back(std::string("trim: ") + arcpool_last_error());
+  }
+  for (arcpool_stream_t stream : s.streams)
+    arcpool_stream_synchronize(alloc, stream);
+  arcpool_stats_t after{};
+  after.struct_size = sizeof(after);
+  after.version = ARCPOOL_STATS_VERSION;
+  arcpool_stats_get(alloc, &after);
+  const uint64_t mismatches = work->mismatches();
+  const uint64_t words = work->verified_words();
+
+  uint64_t total = 0;
+  std::printf("\n%-16s %12s %14s\n", "operation", "count", "per second");
+  for (int o = 0; o < op_count; ++o) {
+    const uint64_t n = s.counts[o].load();
+    total += n;
+    std::printf("%-16s %12" PRIu64 " %14.0f\n", kOpNames[o], n, n / elapsed);
+  }
+  std::printf("%-16s %12" PRIu64 " %14.0f\n", "all", total, total / elapsed);
+  std::printf("\nbytes in use: peak %" PRIu64 ", at end %" PRIu64 "\n", st.bytes_in_use_peak,
+              after.bytes_in_use_current);
+  std::printf("pool reserved: peak %" PRIu64 " bytes\n", st.pool_reserved_bytes_peak);
+  std::printf("frees %" PRIu64 " (same-stream %" PRIu64 ", cross-stream %" PRIu64
+              ", deferred %" PRIu64 ", origin-routed %" PRIu64 ", fallbacks %" PRIu64
+              "), implicit %" PRIu64 ", ignored %" PRIu64 "\n",
+              after.frees, after.same_stream_frees, after.cross_stream_frees, after.deferred_frees,
+              after.origin_routed_frees, after.origin_fallbacks, after.implicit_frees,
+              after.ignored_deallocations);
+  std::printf("verified words: %" PRIu64 "\nmismatches: %" PRIu64 "\nerrors: %" PRIu64 "\n", words,
+              mismatches, s.errors.load());
+  for (const std::string& e : s.first_errors)
+    std::printf("  error: %s\n", e.c_str());
+
+  const bool leaked = after.bytes_in_use_current != 0 || after.bytes_held_current != 0;
+  if (leaked) {
+    std::printf("leak: %" PRIu64 " bytes in use, %" PRIu64 " held after the run\n",
+                after.bytes_in_use_current, after.bytes_held_current);
+  }
+  if (cfg.json != nullptr) {
+    if (FILE* f = std::fopen(cfg.json, "w")) {
+      std::fprintf(f,
+                   "{\"driver\": \"%s\", \"streams\": %d, \"threads\": %d, \"seconds\": %.3f, "
+                   "\"operations\": %" PRIu64
+                   ", \"operations_per_second\": %.0f, "
+                   "\"verified_words\": %" PRIu64 ", \"mismatches\": %" PRIu64
+                   ", \"errors\": %" PRIu64 ", \"poison\": %s, \"bytes_in_use_peak\": %" PRIu64
+                   ", \"pool_reserved_peak\": %" PRIu64 "}\n",
+                   arcpool_driver_name(options.driver), cfg.streams, cfg.threads, elapsed, total,
+                   total / elapsed, words, mismatches, s.errors.load(),
+                   cfg.poison ? "true" : "false", st.bytes_in_use_peak,
+                   st.pool_reserved_bytes_peak);
+      std::fclose(f);
+    }
+  }
+  for (arcpool_stream_t stream : s.streams)
+    arcpool_stream_destroy(alloc, stream);
+  if (alloc != probe) arcpool_allocator_destroy(alloc);
+  work.reset();
+  arcpool_allocator_destroy(probe);
+  const bool failed = mismatches != 0 || s.errors.load() != 0 || leaked;
+  std::printf("\narcpool-stress: %s\n", failed ? "FAILED" : "ok");
+  return failed ? 1 : 0;
+}
