@@ -64,10 +64,10 @@ class allocation final : public arcpool_allocation {
   refcount refs{1};  ///< R: handles that keep this record readable
   ownership owners;  ///< P and the ownership state
 
-  std::mutex mutex;                    ///< guards the fields below
-  stream_ref current;                  ///< the stream the memory may be used on now
-  std::vector<use_record> uses;        ///< other streams using it
-  std::vector<fence_ref> held_fences;  ///< indeterminate lifetime: fences of the deallocation
+  std::mutex mutex;              ///< guards the fields below
+  stream_ref current;            ///< the stream the memory may be used on now
+  std::vector<use_record> uses;  ///< other streams using it
+  fence_list held_fences;        ///< indeterminate lifetime: fences of the deallocation
 
   bool indeterminate() const noexcept {
     return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;

@@ -4,6 +4,7 @@
 #include <new>
 #include <thread>
 
+#include "janitor.hpp"
 #include "process_exit.hpp"
 #include "status.hpp"
 
@@ -19,6 +20,20 @@ constexpr uint32_t kDeallocateFlags = ARCPOOL_DEALLOCATE_FLAG_FORCE | kRoutingFl
 
 bool is_power_of_two(size_t x) {
   return x != 0 && (x & (x - 1)) == 0;
+}
+
+/// Allocation serial numbers, unique per process, taken from a global counter in blocks so
+/// that threads do not contend on it.
+uint64_t next_serial() noexcept {
+  constexpr uint64_t kBlock = 1024;
+  static std::atomic<uint64_t> global{1};
+  thread_local uint64_t next = 0;
+  thread_local uint64_t end = 0;
+  if (next == end) {
+    next = global.fetch_add(kBlock, std::memory_order_relaxed);
+    end = next + kBlock;
+  }
+  return next++;
 }
 
 void* align_up(void* p, size_t alignment) {
@@ -42,40 +57,86 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
     : config_(config),
       driver_(std::move(drv)),
       events_(*driver_, config.event_pool_capacity),
-      reclaimer_(*driver_, stats_, config.before_free, config.before_free_user_data) {}
+      reclaimer_(*driver_, stats_, config.before_free, config.before_free_user_data) {
+  // A hard limit is enforced on the exact total of held bytes.
+  if (config_.hard_limit_bytes != 0) stats_.bytes_held.set_flush_threshold(0);
+}
 
 allocator::~allocator() {
   // Streams arcpool created die with it; registered ones are only forgotten.
-  for (auto& [id, entry] : streams_.take_all()) {
-    if (entry->created() && !process_exiting()) driver_->stream_destroy(entry->handle());
+  if (!process_exiting()) {
+    streams_.for_each([&](stream_entry& entry) {
+      if (entry.created()) driver_->stream_destroy(entry.handle());
+    });
   }
 }
 
 void allocator::release() noexcept {
   if (!refs_.decrement()) return;
-  // Teardown joins the reclaim worker; when the last reference went from inside one of its
-  // on_free callbacks, tear down from another thread.
-  if (reclaimer_.on_worker_thread()) {
-    std::thread([this] { delete this; }).detach();
-  } else {
+  closing_.store(true, std::memory_order_seq_cst);
+  // Teardown joins the reclaim worker: never from the worker itself (an on_free callback that
+  // released the last handle); and not while records live. Otherwise at once.
+  if (!reclaimer_.on_worker_thread() && quiescent()) {
     delete this;
+  } else {
+    janitor_adopt(this);
   }
+}
+
+void allocator::record_destroyed() noexcept {
+  // Read before the decrement: after it, the janitor may delete the allocator at any time.
+  const bool closing = closing_.load(std::memory_order_seq_cst);
+  records_.add_release(-1);
+  if (closing) janitor_wake();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Streams
 
-arcpool_status_t allocator::resolve_stream(stream_handle s, stream_ref* out) {
-  out->handle = s;
+namespace {
+
+/// The calling thread's last stream lookups. A line is valid while its registry's version is
+/// unchanged. Handles are cached only for streams that cannot be recycled meanwhile: created and
+/// registered ones (alive until their removal, which changes the version) and the default
+/// streams; unregistered application streams are looked up by identity each time.
+struct stream_cache_line {
+  uint64_t registry;  ///< stream_registry::uid()
+  uint64_t version;
+  stream_handle handle;
+  uint64_t id;
+  stream_entry* entry;
+  stream_kind kind;
+};
+constexpr size_t kStreamCacheLines = 8;
+thread_local stream_cache_line t_stream_cache[kStreamCacheLines] = {};
+thread_local size_t t_stream_cache_next = 0;
+
+stream_kind kind_of(stream_handle s) {
   if (s == legacy_default_stream() || s == legacy_stream_alias()) {
-    out->kind = stream_kind::legacy_default;
-  } else if (s == per_thread_default_stream()) {
-    out->kind = stream_kind::per_thread_default;
-  } else {
-    out->kind = stream_kind::application;
+    return stream_kind::legacy_default;
   }
+  return s == per_thread_default_stream() ? stream_kind::per_thread_default
+                                          : stream_kind::application;
+}
+
+}  // namespace
+
+arcpool_status_t allocator::resolve_stream(stream_handle s, stream_ref* out) {
+  const uint64_t version = streams_.version();
+  for (const stream_cache_line& line : t_stream_cache) {
+    if (line.handle == s && line.registry == streams_.uid() && line.version == version) {
+      *out = stream_ref{s, line.id, line.kind, line.entry};
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+  }
+  out->handle = s;
+  out->kind = kind_of(s);
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_id(s, &out->id));
-  if (out->kind == stream_kind::application) out->entry = streams_.find(out->id);
+  out->entry = out->kind == stream_kind::application ? streams_.find(out->id) : nullptr;
+  if (out->entry != nullptr || out->kind != stream_kind::application) {
+    t_stream_cache[t_stream_cache_next++ % kStreamCacheLines] =
+        stream_cache_line{streams_.uid(), version, s, out->id, out->entry, out->kind};
+  }
   return ARCPOOL_STATUS_SUCCESS;
 }
 
@@ -99,7 +160,7 @@ arcpool_status_t allocator::create_stream(stream_handle* out) {
     driver_->stream_destroy(s);
     return status;
   }
-  streams_.add(std::make_shared<stream_entry>(s, id, /*created=*/true));
+  streams_.add(std::make_unique<stream_entry>(s, id, /*created=*/true));
   *out = s;
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -128,7 +189,7 @@ arcpool_status_t allocator::register_stream(stream_handle s) {
                 static_cast<void*>(s));
   }
   if (ref.entry) return ARCPOOL_STATUS_SUCCESS;  // already known
-  streams_.add(std::make_shared<stream_entry>(s, ref.id, /*created=*/false));
+  streams_.add(std::make_unique<stream_entry>(s, ref.id, /*created=*/false));
   return ARCPOOL_STATUS_SUCCESS;
 }
 
@@ -172,12 +233,13 @@ arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
 }
 
 arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* caller,
-                                           uint64_t skip_id, std::vector<fence_ref>* out) {
-  std::vector<uint64_t> seen;
-  seen.reserve(a.uses.size() + 3);
+                                           uint64_t skip_id, fence_list* out) {
+  small_vector<uint64_t, 8> seen;
   seen.push_back(skip_id);
   auto fresh = [&seen](uint64_t id) {
-    if (std::find(seen.begin(), seen.end(), id) != seen.end()) return false;
+    for (uint64_t s : seen) {
+      if (s == id) return false;
+    }
     seen.push_back(id);
     return true;
   };
@@ -200,7 +262,7 @@ arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* call
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t allocator::wait_all(stream_handle s, const std::vector<fence_ref>& fences) {
+arcpool_status_t allocator::wait_all(stream_handle s, const fence_list& fences) {
   for (const fence_ref& f : fences) {
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_wait_event(s, f->event()));
   }
@@ -212,7 +274,8 @@ arcpool_status_t allocator::wait_all(stream_handle s, const std::vector<fence_re
 
 arcpool_status_t allocator::try_pool_allocate(size_t bytes, const stream_ref& s, void** out) {
   if (config_.hard_limit_bytes != 0) {
-    if (!stats_.bytes_held.try_add(bytes, config_.hard_limit_bytes)) {
+    if (!stats_.bytes_held.try_add(static_cast<int64_t>(bytes),
+                                   static_cast<int64_t>(config_.hard_limit_bytes))) {
       return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached",
                   config_.hard_limit_bytes);
     }
@@ -282,7 +345,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
     ARCPOOL_RETURN_IF_ERROR(allocate_from_pool(p.held_bytes, size, p.origin, &p.base));
     p.data = align_up(p.base, alignment);
   }
-  p.serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
+  p.serial = next_serial();
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
     if (p.base != nullptr) {
@@ -291,7 +354,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
     }
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
   }
-  retain();
+  record_created();
   stats::count(stats_.allocations);
   stats_.bytes_in_use.add(size);
   stats_.allocations_in_use.add(1);
@@ -333,12 +396,12 @@ arcpool_status_t allocator::import(void* pointer, size_t size, stream_handle s, 
   p.data = pointer;
   p.on_free = on_free;
   p.on_free_user_data = user_data;
-  p.serial = next_serial_.fetch_add(1, std::memory_order_relaxed);
+  p.serial = next_serial();
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
     return failed(fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record"));
   }
-  retain();
+  record_created();
   stats::count(stats_.imports);
   *out = a;
   return ARCPOOL_STATUS_SUCCESS;
@@ -426,8 +489,7 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit) {
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t allocator::free_on(allocation& a, stream_handle target,
-                                    const std::vector<fence_ref>& fences) {
+arcpool_status_t allocator::free_on(allocation& a, stream_handle target, const fence_list& fences) {
   arcpool_status_t status = wait_all(target, fences);
   if (status == ARCPOOL_STATUS_SUCCESS) {
     if (config_.before_free != nullptr) {
@@ -445,7 +507,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
                                                 uint32_t flags, bool implicit,
                                                 std::unique_lock<std::mutex>& lock) {
   const bool force = flags & ARCPOOL_DEALLOCATE_FLAG_FORCE;
-  std::vector<fence_ref> fences;
+  fence_list fences;
 
   // Nothing to give back: zero bytes, or a borrowed import nobody wants to hear about.
   if (a.placement.size == 0 || (a.external() && a.placement.on_free == nullptr)) {
@@ -592,7 +654,7 @@ void allocator::on_last_reference(allocation* a) noexcept {
     }
   }
   delete a;
-  release();
+  record_destroyed();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -605,7 +667,7 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   std::lock_guard<std::mutex> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "transfer"));
   // Wait on the donors' fences, then the receiver owns the memory.
-  std::vector<fence_ref> fences;
+  fence_list fences;
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, target.id, &fences));
   ARCPOOL_RETURN_IF_ERROR(wait_all(target.handle, fences));
   a.uses.clear();
@@ -653,7 +715,7 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
                 "a live stream first",
                 a.describe().c_str());
   }
-  std::vector<fence_ref> fences;
+  fence_list fences;
   if (a.placement.size > 0) {
     ARCPOOL_RETURN_IF_ERROR(check_not_capturing(a.current, "export"));
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, a.current.id, &fences));

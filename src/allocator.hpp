@@ -13,6 +13,7 @@
 #include "options.hpp"
 #include "reclaimer.hpp"
 #include "refcount.hpp"
+#include "shards.hpp"
 #include "stats.hpp"
 #include "stream.hpp"
 
@@ -26,10 +27,21 @@ class allocator {
   allocator(const allocator&) = delete;
   allocator& operator=(const allocator&) = delete;
 
-  /// Adds a reference. Every allocation record holds one.
+  /// Adds a handle reference (the user's, the default table's).
   void retain() noexcept { refs_.increment(); }
-  /// Drops a reference; the last one tears the allocator down (blocking on pending reclaims).
+  /// Drops a handle reference. After the last one the allocator is torn down as soon as no
+  /// allocation record is left (at once, or by the janitor; teardown blocks on pending
+  /// reclaims).
   void release() noexcept;
+
+  /// An allocation record was created / destroyed. record_destroyed must be the record's last
+  /// touch of the allocator.
+  void record_created() noexcept { records_.add(1); }
+  void record_destroyed() noexcept;
+  /// No handle and no record left: the janitor may delete it.
+  bool quiescent() const noexcept { return records_.sum_acquire() == 0; }
+  /// Deletes a quiescent allocator (the janitor's, or release's when nothing is left).
+  static void destroy(allocator* a) noexcept { delete a; }
 
   driver& drv() const noexcept { return *driver_; }
   const allocator_config& config() const noexcept { return config_; }
@@ -86,17 +98,16 @@ class allocator {
   /// Fences every stream the allocation's memory may be used on: `caller` (if given), the
   /// current stream and every use record, once per stream, skipping stream `skip_id`.
   arcpool_status_t collect_fences(allocation& a, const stream_ref* caller, uint64_t skip_id,
-                                  std::vector<fence_ref>* out);
+                                  fence_list* out);
   /// Makes `s` wait on every fence. `s` must be alive for the call.
-  arcpool_status_t wait_all(stream_handle s, const std::vector<fence_ref>& fences);
+  arcpool_status_t wait_all(stream_handle s, const fence_list& fences);
   route choose_route(const allocation& a, const stream_ref& caller, uint32_t flags) const;
   /// Commits and enqueues a deallocation whose ownership check passed. `a.mutex` is held by
   /// `lock` and may be released before the reclaimer is fed.
   arcpool_status_t finish_deallocation(allocation& a, const stream_ref& caller, uint32_t flags,
                                        bool implicit, std::unique_lock<std::mutex>& lock);
   /// Frees on `target` after waiting on `fences`; counts the free.
-  arcpool_status_t free_on(allocation& a, stream_handle target,
-                           const std::vector<fence_ref>& fences);
+  arcpool_status_t free_on(allocation& a, stream_handle target, const fence_list& fences);
   arcpool_status_t commit(allocation& a, bool force, bool implicit);
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
@@ -105,13 +116,14 @@ class allocator {
   arcpool_status_t ownership_failure(const allocation& a, ownership_result r, const char* what);
 
   refcount refs_{1};
+  sharded_counter records_;           ///< live allocation records, per thread shard
+  std::atomic<bool> closing_{false};  ///< no handle left
   const allocator_config config_;
   const std::unique_ptr<driver> driver_;
   stats stats_;
   event_pool events_;
   stream_registry streams_;
   reclaimer reclaimer_;
-  std::atomic<uint64_t> next_serial_{1};
 };
 
 /// The C handle of an allocator is the allocator itself (arcpool_allocator is never defined).

@@ -72,6 +72,8 @@ const char* arcpool_driver_name(arcpool_driver_kind_t kind) {
       return "cuda";
     case ARCPOOL_DRIVER_HOST:
       return "host";
+    case ARCPOOL_DRIVER_NULL:
+      return "null";
   }
   return "unknown";
 }

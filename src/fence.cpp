@@ -8,30 +8,33 @@ void fence::release() noexcept {
   if (refs_.decrement()) pool_->recycle(this);
 }
 
-event_pool::event_pool(driver& drv, size_t capacity) : driver_(drv), capacity_(capacity) {}
+event_pool::event_pool(driver& drv, size_t capacity)
+    : driver_(drv), shard_capacity_(capacity <= 64 ? capacity : capacity / 8) {}
 
 event_pool::~event_pool() {
-  for (fence* f : free_) {
-    driver_.event_destroy(f->event_);
-    delete f;
+  for (shard& s : shards_) {
+    for (fence* f : s.free) {
+      driver_.event_destroy(f->event_);
+      delete f;
+    }
   }
 }
 
 arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_ref* out) {
   fence* f = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!free_.empty()) {
-      f = free_.back();
-      free_.pop_back();
+    shard& mine = shards_[thread_shard().index];
+    std::lock_guard<std::mutex> lock(mine.mutex);
+    if (!mine.free.empty()) {
+      f = mine.free.back();
+      mine.free.pop_back();
     }
   }
   if (f == nullptr) {
     event_handle e = nullptr;
     ARCPOOL_RETURN_IF_ERROR(driver_.event_create(&e));
     f = new fence(this, e);
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++created_;
+    created_.fetch_add(1, std::memory_order_relaxed);
   }
   if (arcpool_status_t status = driver_.event_record(f->event_, s);
       status != ARCPOOL_STATUS_SUCCESS) {
@@ -47,15 +50,15 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
 }
 
 size_t event_pool::events_created() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return created_;
+  return created_.load(std::memory_order_relaxed);
 }
 
 void event_pool::recycle(fence* f) noexcept {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (free_.size() < capacity_) {
-      free_.push_back(f);
+    shard& s = shards_[thread_shard().index];
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.free.size() < shard_capacity_) {
+      s.free.push_back(f);
       return;
     }
   }

@@ -1,12 +1,15 @@
 // Fences: recycled timing-disabled events standing for "all work queued on a stream up to here".
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <vector>
 
 #include "drivers/driver.hpp"
 #include "refcount.hpp"
+#include "shards.hpp"
+#include "small_vector.hpp"
 
 namespace arcpool::detail {
 
@@ -37,11 +40,16 @@ class fence {
 
 using fence_ref = ref_ptr<fence>;
 
+/// The fences of one operation: a few streams at most, kept inline.
+using fence_list = small_vector<fence_ref, 4>;
+
 /// A pool of timing-disabled events, one per allocator (and so per device). Events are created
-/// on demand, never per operation once warm, and recycled when their fence is released.
+/// on demand, never per operation once warm, and recycled when their fence is released. Free
+/// events are kept in per-thread shards, so that threads taking fences do not contend.
 class event_pool {
  public:
-  /// `capacity`: events kept for reuse; more are destroyed when released.
+  /// `capacity`: events kept for reuse (per shard: all of it up to 64, an eighth above); more
+  /// are destroyed when released.
   event_pool(driver& drv, size_t capacity);
   /// Destroys the cached events. Every fence must have been released.
   ~event_pool();
@@ -58,11 +66,15 @@ class event_pool {
   friend class fence;
   void recycle(fence* f) noexcept;
 
+  struct alignas(64) shard {
+    std::mutex mutex;
+    std::vector<fence*> free;
+  };
+
   driver& driver_;
-  const size_t capacity_;
-  mutable std::mutex mutex_;
-  std::vector<fence*> free_;
-  size_t created_ = 0;
+  const size_t shard_capacity_;
+  shard shards_[kShards];
+  std::atomic<size_t> created_{0};
 };
 
 }  // namespace arcpool::detail

@@ -43,7 +43,7 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
   if (o.device < 0) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: device %d", o.device);
   }
-  if (raw_value(o.driver) < ARCPOOL_DRIVER_AUTO || raw_value(o.driver) > ARCPOOL_DRIVER_HOST) {
+  if (raw_value(o.driver) < ARCPOOL_DRIVER_AUTO || raw_value(o.driver) > ARCPOOL_DRIVER_NULL) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: driver %d",
                 raw_value(o.driver));
   }

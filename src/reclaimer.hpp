@@ -23,7 +23,7 @@ namespace arcpool::detail {
 struct reclaim_item {
   void* pointer = nullptr;  ///< the pool's pointer, or the imported pointer
   size_t bytes = 0;         ///< pool bytes (held bytes), or the imported size
-  std::vector<fence_ref> fences;
+  fence_list fences;
   stream_ref origin;  ///< preferred stream for the pool free
   /// External memory: called instead of a pool free (null for pool memory).
   arcpool_on_free_t on_free = nullptr;

@@ -3,12 +3,12 @@
 namespace arcpool::detail {
 
 void stats::read(const pool_figures& pool, arcpool_stats_t* out) const {
-#define ARCPOOL_STATS_READ_GAUGE_(name, doc) \
-  out->name##_current = name.current();      \
-  out->name##_peak = name.peak();
+#define ARCPOOL_STATS_READ_GAUGE_(name, doc)                   \
+  out->name##_current = static_cast<uint64_t>(name.current()); \
+  out->name##_peak = static_cast<uint64_t>(name.peak());
   ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_READ_GAUGE_)
 #undef ARCPOOL_STATS_READ_GAUGE_
-#define ARCPOOL_STATS_READ_COUNTER_(name, doc) out->name = name.load(std::memory_order_relaxed);
+#define ARCPOOL_STATS_READ_COUNTER_(name, doc) out->name = static_cast<uint64_t>(name.sum());
   ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_READ_COUNTER_)
 #undef ARCPOOL_STATS_READ_COUNTER_
   out->pool_reserved_bytes_current = pool.reserved_current;

@@ -1,11 +1,13 @@
 // Stream identity and liveness (DESIGN.md §6).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "drivers/driver.hpp"
 #include "fence.hpp"
@@ -67,12 +69,12 @@ enum class stream_kind : uint8_t {
 };
 
 /// A stream as an allocation remembers it: handle, identity and, when arcpool can prove it
-/// alive, its registry entry.
+/// alive, its registry entry (stable until the allocator's teardown, see stream_registry).
 struct stream_ref {
   stream_handle handle = nullptr;
   uint64_t id = 0;
   stream_kind kind = stream_kind::application;
-  std::shared_ptr<stream_entry> entry;  ///< null unless created or registered
+  stream_entry* entry = nullptr;  ///< null unless created or registered
 
   /// True if arcpool may enqueue on it from any call (created or registered, not retired).
   bool provably_alive() const { return entry && entry->alive(); }
@@ -80,40 +82,65 @@ struct stream_ref {
   bool retired() const { return entry && !entry->alive(); }
 };
 
-/// The created and registered streams of one allocator, by identity.
+/// The created and registered streams of one allocator, by identity. An entry removed from the
+/// registry (its stream retired) stays allocated until the registry is destroyed, so that
+/// allocations can name it by a plain pointer with no reference count; each created or
+/// registered stream costs one entry (under 128 bytes) for the allocator's life.
 class stream_registry {
  public:
-  std::shared_ptr<stream_entry> find(uint64_t id) const {
+  /// The entry of `id`, or null.
+  stream_entry* find(uint64_t id) const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     auto it = entries_.find(id);
-    return it == entries_.end() ? nullptr : it->second;
+    return it == entries_.end() ? nullptr : it->second.get();
   }
 
   /// Adds `entry`; returns false if its identity is already present.
-  bool add(std::shared_ptr<stream_entry> entry) {
+  bool add(std::unique_ptr<stream_entry> entry) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
-    return entries_.emplace(entry->id(), std::move(entry)).second;
+    const uint64_t id = entry->id();
+    const bool added = entries_.emplace(id, std::move(entry)).second;
+    if (added) version_.fetch_add(1, std::memory_order_release);
+    return added;
   }
 
-  /// Removes and returns the entry of `id` (null if absent).
-  std::shared_ptr<stream_entry> remove(uint64_t id) {
+  /// Removes the entry of `id` (kept alive in the graveyard); returns whether it was present.
+  bool remove(uint64_t id) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     auto it = entries_.find(id);
-    if (it == entries_.end()) return nullptr;
-    auto entry = std::move(it->second);
+    if (it == entries_.end()) return false;
+    graveyard_.push_back(std::move(it->second));
     entries_.erase(it);
-    return entry;
+    version_.fetch_add(1, std::memory_order_release);
+    return true;
   }
 
-  /// Removes and returns every entry.
-  std::unordered_map<uint64_t, std::shared_ptr<stream_entry>> take_all() {
-    std::unique_lock<std::shared_mutex> lock(mutex_);
-    return std::move(entries_);
+  /// Calls `fn(entry)` for every present entry.
+  template <class F>
+  void for_each(F&& fn) const {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    for (const auto& [id, entry] : entries_)
+      fn(*entry);
   }
+
+  /// Changes whenever an entry is added or removed: a lookup cached at one version is valid
+  /// while the version is unchanged.
+  uint64_t version() const noexcept { return version_.load(std::memory_order_acquire); }
+
+  /// Unique for the process (an address may be reused by a later registry; this may not).
+  uint64_t uid() const noexcept { return uid_; }
 
  private:
   mutable std::shared_mutex mutex_;
-  std::unordered_map<uint64_t, std::shared_ptr<stream_entry>> entries_;
+  std::unordered_map<uint64_t, std::unique_ptr<stream_entry>> entries_;
+  std::vector<std::unique_ptr<stream_entry>> graveyard_;
+  std::atomic<uint64_t> version_{1};
+  const uint64_t uid_ = next_uid();
+
+  static uint64_t next_uid() noexcept {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
 };
 
 }  // namespace arcpool::detail

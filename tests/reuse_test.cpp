@@ -170,6 +170,7 @@ TEST_P(Reuse, PoisonModeCatchesAFreeWithoutItsFence) {
   void* p = nullptr;
   EXPECT_OK(arcpool_allocation_export(a, &p));  // the raw pointer is ours to mishandle
   arcpool_allocation_release(a);
+  sync(origin_);  // the fill is done; only the held reader still needs the memory
   EXPECT_OK(work_->poison(p, kBytes, other_));  // no wait on the reader: the missing fence
   sync(other_);
   gate_->open();

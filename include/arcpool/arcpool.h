@@ -108,10 +108,13 @@ typedef enum arcpool_driver_kind_t {
   ARCPOOL_DRIVER_CUDA = 1,
   /** Host worker threads and host memory: a test and development stand-in, never a
    * performance claim. */
-  ARCPOOL_DRIVER_HOST = 2
+  ARCPOOL_DRIVER_HOST = 2,
+  /** Does nothing and hands out fake addresses: measures arcpool's own bookkeeping in
+   * benchmarks. Never for real memory. */
+  ARCPOOL_DRIVER_NULL = 3
 } arcpool_driver_kind_t;
 
-/** Returns "auto", "cuda" or "host". Thread-safe; never blocks; never NULL. */
+/** Returns "auto", "cuda", "host" or "null". Thread-safe; never blocks; never NULL. */
 ARCPOOL_API const char* arcpool_driver_name(arcpool_driver_kind_t kind);
 
 /** Where an allocator's cudaMemPool_t comes from. */
@@ -229,7 +232,7 @@ ARCPOOL_API arcpool_status_t arcpool_allocator_create(const arcpool_allocator_op
  */
 ARCPOOL_API void arcpool_allocator_destroy(arcpool_allocator_t* allocator);
 
-/** Returns the driver actually serving `allocator` (CUDA or HOST). Never blocks. */
+/** Returns the driver actually serving `allocator` (CUDA, HOST or NULL). Never blocks. */
 ARCPOOL_API arcpool_driver_kind_t arcpool_allocator_driver(const arcpool_allocator_t* allocator);
 
 /** Returns the device ordinal of `allocator`. Never blocks. */

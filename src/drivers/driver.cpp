@@ -34,6 +34,9 @@ arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver
     case ARCPOOL_DRIVER_HOST:
       *out = make_host_driver(config, &status);
       break;
+    case ARCPOOL_DRIVER_NULL:
+      *out = make_null_driver(config);
+      break;
     default:
       return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown driver kind %d",
                   static_cast<int>(kind));

@@ -56,7 +56,7 @@ class driver {
  public:
   virtual ~driver() = default;
 
-  /// ARCPOOL_DRIVER_CUDA or ARCPOOL_DRIVER_HOST.
+  /// ARCPOOL_DRIVER_CUDA, ARCPOOL_DRIVER_HOST or ARCPOOL_DRIVER_NULL.
   virtual arcpool_driver_kind_t kind() const noexcept = 0;
   /// The device ordinal.
   virtual int device() const noexcept = 0;
@@ -121,6 +121,7 @@ bool cuda_device_usable(int device, std::string* why);
 void inject_sticky_error(driver& d);
 
 std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_status_t* status);
+std::unique_ptr<driver> make_null_driver(const driver_config& config);
 std::unique_ptr<driver> make_host_driver(const driver_config& config, arcpool_status_t* status);
 
 }  // namespace arcpool::detail

@@ -1,0 +1,139 @@
+// arcpool's own bookkeeping on the null driver (no CUDA calls, fake addresses), where a few
+// nanoseconds are visible (DESIGN.md §13). Baseline in the same binary: the null driver's raw
+// pool_allocate + pool_free. Targets (issue 4): ≤ 50 ns median per operation; preserve /
+// discard ≤ 10 ns uncontended and ≤ 40 ns at 4 threads.
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "allocator.hpp"
+#include "bench_defaults.hpp"
+
+namespace arcpool::bench {
+namespace {
+
+/// One null-driver allocator and one stream per thread, shared by the threads of a benchmark.
+struct null_fixture {
+  arcpool_allocator_t* alloc = make_allocator(ARCPOOL_DRIVER_NULL);
+  std::vector<arcpool_stream_t> streams;
+  null_fixture() {
+    for (int i = 0; i < 64; ++i) {
+      arcpool_stream_t s = nullptr;
+      check(arcpool_stream_create(alloc, &s), "stream_create");
+      streams.push_back(s);
+    }
+  }
+  static null_fixture& get() {
+    static null_fixture f;
+    return f;
+  }
+};
+
+double raw_null_pair_ns() {
+  static const double ns = [] {
+    auto& drv = detail::from_handle(null_fixture::get().alloc)->drv();
+    arcpool_stream_t s = null_fixture::get().streams[0];
+    return nanoseconds_per_op(
+        [&] {
+          void* p = nullptr;
+          drv.pool_allocate(4096, s, &p);
+          drv.pool_free(p, 4096, s);
+          benchmark::DoNotOptimize(p);
+        },
+        1 << 20);
+  }();
+  return ns;
+}
+
+void BM_AllocateDeallocateSameStream(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  arcpool_stream_t s = f.streams[state.thread_index()];
+  for (auto _ : state) {
+    arcpool_allocation_t* a = nullptr;
+    arcpool_allocate_async(f.alloc, 4096, 0, s, 0, &a);
+    arcpool_deallocate_async(a, s, 0);
+    arcpool_allocation_release(a);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+  if (state.thread_index() == 0) report_ratio(state, raw_null_pair_ns(), "raw_null_pair");
+}
+BENCHMARK(BM_AllocateDeallocateSameStream)->ARCPOOL_BENCH_THREADS;
+
+void BM_PreserveDiscardOwnAllocation(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  arcpool_allocation_t* a = nullptr;
+  check(arcpool_allocate_async(f.alloc, 256, 0, f.streams[state.thread_index()], 0, &a),
+        "allocate");
+  for (auto _ : state) {
+    arcpool_allocation_preserve(a);
+    int last = 0;
+    arcpool_allocation_discard(a, &last);
+    benchmark::DoNotOptimize(last);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+  arcpool_allocation_discard_and_release(a);
+}
+BENCHMARK(BM_PreserveDiscardOwnAllocation)->ARCPOOL_BENCH_THREADS;
+
+arcpool_allocation_t* g_shared = nullptr;
+
+void BM_PreserveDiscardSharedAllocation(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  if (state.thread_index() == 0) {
+    check(arcpool_allocate_async(f.alloc, 256, 0, f.streams[0], 0, &g_shared), "allocate");
+  }
+  for (auto _ : state) {  // the first iteration starts after every thread's setup
+    arcpool_allocation_preserve(g_shared);
+    int last = 0;
+    arcpool_allocation_discard(g_shared, &last);
+    benchmark::DoNotOptimize(last);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+  if (state.thread_index() == 0) arcpool_allocation_discard_and_release(g_shared);
+}
+BENCHMARK(BM_PreserveDiscardSharedAllocation)->ARCPOOL_BENCH_THREADS;
+
+void BM_Transfer(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  arcpool_stream_t a_stream = f.streams[2 * state.thread_index()];
+  arcpool_stream_t b_stream = f.streams[2 * state.thread_index() + 1];
+  arcpool_allocation_t* a = nullptr;
+  check(arcpool_allocate_async(f.alloc, 256, 0, a_stream, 0, &a), "allocate");
+  for (auto _ : state) {
+    arcpool_transfer(a, b_stream);
+    arcpool_transfer(a, a_stream);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+  arcpool_allocation_discard_and_release(a);
+}
+BENCHMARK(BM_Transfer)->ARCPOOL_BENCH_THREADS;
+
+void BM_RecordUse(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  arcpool_stream_t origin = f.streams[2 * state.thread_index()];
+  arcpool_stream_t user = f.streams[2 * state.thread_index() + 1];
+  arcpool_allocation_t* a = nullptr;
+  check(arcpool_allocate_async(f.alloc, 256, 0, origin, 0, &a), "allocate");
+  for (auto _ : state)
+    arcpool_record_use(a, user);
+  state.SetItemsProcessed(state.iterations());
+  arcpool_allocation_discard_and_release(a);
+}
+BENCHMARK(BM_RecordUse)->ARCPOOL_BENCH_THREADS;
+
+void BM_CrossStreamDeferredPair(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  arcpool_stream_t origin = f.streams[2 * state.thread_index()];
+  arcpool_stream_t other = f.streams[2 * state.thread_index() + 1];
+  for (auto _ : state) {
+    arcpool_allocation_t* a = nullptr;
+    arcpool_allocate_async(f.alloc, 4096, 0, origin, 0, &a);
+    arcpool_deallocate_async(a, other, ARCPOOL_DEALLOCATE_FLAG_DEFERRED);
+    arcpool_allocation_release(a);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+}
+BENCHMARK(BM_CrossStreamDeferredPair)->ThreadRange(1, 4)->UseRealTime();
+
+}  // namespace
+}  // namespace arcpool::bench
