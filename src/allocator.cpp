@@ -63,6 +63,7 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
 }
 
 allocator::~allocator() {
+  if (!process_exiting()) flush_caches();
   // Streams arcpool created die with it; registered ones are only forgotten.
   if (!process_exiting()) {
     streams_.for_each([&](stream_entry& entry) {
@@ -173,6 +174,7 @@ arcpool_status_t allocator::destroy_stream(stream_handle s) {
                 "stream %p was not created by this allocator (arcpool_stream_create)",
                 static_cast<void*>(s));
   }
+  flush_cache(ref.entry->cache(), s, /*close=*/true);
   ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
   streams_.remove(ref.id);
   return driver_->stream_destroy(s);
@@ -200,9 +202,39 @@ arcpool_status_t allocator::unregister_stream(stream_handle s) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "stream %p is not registered with this allocator",
                 static_cast<void*>(s));
   }
+  flush_cache(ref.entry->cache(), s, /*close=*/true);
   ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
   streams_.remove(ref.id);
   return ARCPOOL_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fast path's caches
+
+block_cache* allocator::cache_for(const stream_ref& s) noexcept {
+  if (config_.stream_cache_bytes == 0) return nullptr;
+  if (s.entry != nullptr) return &s.entry->cache();
+  return s.kind == stream_kind::legacy_default ? &legacy_cache_ : nullptr;
+}
+
+void allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
+  int64_t blocks = 0;
+  const size_t bytes = cache.drain(
+      [&](void* p, size_t n) {
+        ++blocks;
+        if (driver_->pool_free(p, n, s) == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.frees);
+      },
+      close);
+  stats::count(stats_.cache_flushes, blocks);
+  stats_.bytes_cached.sub(static_cast<int64_t>(bytes));
+  stats_.bytes_held.sub(static_cast<int64_t>(bytes));
+}
+
+void allocator::flush_caches() {
+  // A cache still open belongs to a stream that is alive: retirement closes it first.
+  streams_.for_each(
+      [&](stream_entry& entry) { flush_cache(entry.cache(), entry.handle(), false); });
+  flush_cache(legacy_cache_, legacy_default_stream(), false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -293,6 +325,7 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, c
   if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
   // Out of memory: complete pending reclaims, retry once, then ask the user's callback.
   stats::count(stats_.oom_retries);
+  flush_caches();
   reclaimer_.drain();
   status = try_pool_allocate(bytes, s, out);
   while (status == ARCPOOL_STATUS_OUT_OF_MEMORY && config_.on_out_of_memory != nullptr &&
@@ -333,7 +366,16 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   }
   p.size = size;
   p.alignment = alignment;
-  if (size > 0) {
+  // Fast path: a block of exactly this size freed earlier on this stream. Stream order makes
+  // it safe with no event: every wait it needed was enqueued before it was cached.
+  // Cost: a thread-local stream lookup, the capture check, a spinlock and a hash lookup.
+  block_cache* cache = flags == 0 && cacheable(size, alignment) ? cache_for(p.origin) : nullptr;
+  if (void* block = cache != nullptr ? cache->take(size) : nullptr; block != nullptr) {
+    stats::count(stats_.cache_hits);
+    stats_.bytes_cached.sub(static_cast<int64_t>(size));
+    p.base = p.data = block;
+    p.held_bytes = size;
+  } else if (size > 0) {
     // Alignments above the pool's are served by over-allocating and aligning up.
     const size_t extra = alignment > kPoolAlignment ? alignment - kPoolAlignment : 0;
     if (size > SIZE_MAX - extra) {
@@ -489,12 +531,20 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit) {
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t allocator::free_on(allocation& a, stream_handle target, const fence_list& fences) {
+arcpool_status_t allocator::free_on(allocation& a, stream_handle target, block_cache* target_cache,
+                                    const fence_list& fences) {
   arcpool_status_t status = wait_all(target, fences);
   if (status == ARCPOOL_STATUS_SUCCESS) {
     if (config_.before_free != nullptr) {
       config_.before_free(a.placement.base, a.placement.held_bytes, target,
                           config_.before_free_user_data);
+    }
+    // Every wait the block needs is enqueued on `target`: its cache may keep it (§4).
+    if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment) &&
+        target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
+      stats::count(stats_.cache_frees);
+      stats_.bytes_cached.add(static_cast<int64_t>(a.placement.held_bytes));
+      return ARCPOOL_STATUS_SUCCESS;
     }
     status = driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
   }
@@ -551,7 +601,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   if (r == route::same_stream) {
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
     stats::count(stats_.same_stream_frees);
-    return free_on(a, caller.handle, fences);
+    return free_on(a, caller.handle, cache_for(caller), fences);
   }
 
   if (r == route::prefer_origin && origin.id != caller.id) {
@@ -565,14 +615,14 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
       const arcpool_status_t status = origin.entry->with_alive(
           [&](stream_handle h) {
             stats::count(stats_.origin_routed_frees);
-            return free_on(a, h, fences);
+            return free_on(a, h, cache_for(origin), fences);
           },
           ARCPOOL_STATUS_NOT_PERMITTED);
       if (status != ARCPOOL_STATUS_NOT_PERMITTED) return status;
       // Retired between the check and the free: the caller's stream takes it (it waits on
       // the same fences, its own among them, which is a no-op).
       stats::count(stats_.origin_fallbacks);
-      return free_on(a, caller.handle, fences);
+      return free_on(a, caller.handle, cache_for(caller), fences);
     }
     stats::count(stats_.origin_fallbacks);
     r = route::wait_and_free;
@@ -583,7 +633,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
     stats::count(stats_.cross_stream_frees);
     a.uses.clear();
-    return free_on(a, caller.handle, fences);
+    return free_on(a, caller.handle, cache_for(caller), fences);
   }
 
   // Deferred: fence everything, let the reclaim worker free on the origin once all completed.
@@ -737,6 +787,7 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
 // Pool maintenance and stats
 
 arcpool_status_t allocator::trim(size_t keep_bytes) {
+  flush_caches();
   ARCPOOL_RETURN_IF_ERROR(reclaimer_.drain());
   return driver_->pool_trim(keep_bytes);
 }

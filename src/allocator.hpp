@@ -106,8 +106,22 @@ class allocator {
   /// `lock` and may be released before the reclaimer is fed.
   arcpool_status_t finish_deallocation(allocation& a, const stream_ref& caller, uint32_t flags,
                                        bool implicit, std::unique_lock<std::mutex>& lock);
-  /// Frees on `target` after waiting on `fences`; counts the free.
-  arcpool_status_t free_on(allocation& a, stream_handle target, const fence_list& fences);
+  /// Frees on `target` after waiting on `fences` (into `target_cache` when it keeps the
+  /// block); counts the free.
+  arcpool_status_t free_on(allocation& a, stream_handle target, block_cache* target_cache,
+                           const fence_list& fences);
+  /// The fast path's cache of `s`: streams arcpool can prove alive and the legacy default
+  /// stream; null when the cache is off or `s` has none.
+  block_cache* cache_for(const stream_ref& s) noexcept;
+  /// Whether a block of this allocation may be cached.
+  bool cacheable(size_t size, size_t alignment) const noexcept {
+    return config_.stream_cache_bytes != 0 && size != 0 && size <= config_.stream_cache_max_block &&
+           alignment <= ARCPOOL_DEFAULT_ALIGNMENT;
+  }
+  /// Gives the blocks of `cache` back to the pool on `s` (`close`: the stream is retiring).
+  void flush_cache(block_cache& cache, stream_handle s, bool close);
+  /// Gives every cached block back to the pool (trim, out of memory, teardown).
+  void flush_caches();
   arcpool_status_t commit(allocation& a, bool force, bool implicit);
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
@@ -124,6 +138,7 @@ class allocator {
   event_pool events_;
   stream_registry streams_;
   reclaimer reclaimer_;
+  block_cache legacy_cache_;  ///< the legacy default stream's fast path
 };
 
 /// The C handle of an allocator is the allocator itself (arcpool_allocator is never defined).

@@ -79,6 +79,8 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
       resolve_routing(o.foreign_stream_routing, kDefaultForeignStreamRouting);
   c.use_record_routing = resolve_routing(o.use_record_routing, kDefaultUseRecordRouting);
   if (o.event_pool_capacity != 0) c.event_pool_capacity = o.event_pool_capacity;
+  c.stream_cache_bytes = o.stream_cache_bytes;
+  c.stream_cache_max_block = o.stream_cache_max_block;
   c.on_out_of_memory = o.on_out_of_memory;
   c.on_out_of_memory_user_data = o.on_out_of_memory_user_data;
   c.before_free = o.before_free;
@@ -103,4 +105,6 @@ extern "C" void arcpool_allocator_options_init(arcpool_allocator_options_t* opti
   options->reuse_allow_internal_dependencies = 0;
   options->foreign_stream_routing = ARCPOOL_ROUTING_DEFAULT;
   options->use_record_routing = ARCPOOL_ROUTING_DEFAULT;
+  options->stream_cache_bytes = size_t{64} << 20;
+  options->stream_cache_max_block = size_t{1} << 20;
 }

@@ -18,6 +18,8 @@ struct allocator_config {
   arcpool_routing_t foreign_stream_routing = kDefaultForeignStreamRouting;
   arcpool_routing_t use_record_routing = kDefaultUseRecordRouting;
   size_t event_pool_capacity = 1024;
+  size_t stream_cache_bytes = size_t{64} << 20;  ///< 0: the fast path is off
+  size_t stream_cache_max_block = size_t{1} << 20;
   arcpool_oom_callback_t on_out_of_memory = nullptr;
   void* on_out_of_memory_user_data = nullptr;
   arcpool_before_free_t before_free = nullptr;

@@ -29,6 +29,7 @@ struct stats {
     bytes_in_use.set_flush_threshold(kByteFlush);
     bytes_held.set_flush_threshold(kByteFlush);
     bytes_pending_free.set_flush_threshold(kByteFlush);
+    bytes_cached.set_flush_threshold(kByteFlush);
     allocations_in_use.set_flush_threshold(kCountFlush);
   }
 

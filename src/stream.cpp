@@ -6,11 +6,11 @@ namespace arcpool::detail {
 
 arcpool_status_t stream_entry::retire(event_pool& events) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  if (!alive_) return ARCPOOL_STATUS_SUCCESS;
+  if (!alive_.load(std::memory_order_relaxed)) return ARCPOOL_STATUS_SUCCESS;
   fence_ref last;
   ARCPOOL_RETURN_IF_ERROR(events.record(handle_, id_, &last));
   final_ = std::move(last);
-  alive_ = false;
+  alive_.store(false, std::memory_order_release);
   return ARCPOOL_STATUS_SUCCESS;
 }
 

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "block_cache.hpp"
 #include "drivers/driver.hpp"
 #include "fence.hpp"
 
@@ -32,19 +33,19 @@ class stream_entry {
   template <class F>
   arcpool_status_t with_alive(F&& fn, arcpool_status_t dead_status) {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    if (!alive_) return dead_status;
+    if (!alive_.load(std::memory_order_relaxed)) return dead_status;
     return fn(handle_);
   }
 
-  /// True until retired.
-  bool alive() {
-    std::shared_lock<std::shared_mutex> lock(mutex_);
-    return alive_;
-  }
+  /// True until retired. Lock-free: enqueueing still goes through with_alive.
+  bool alive() const noexcept { return alive_.load(std::memory_order_acquire); }
 
   /// Retires the stream: records `final_fence` on it first (waiting for in-flight enqueues),
   /// after which arcpool never touches it again.
   arcpool_status_t retire(event_pool& events);
+
+  /// Blocks freed on this stream, kept for its later allocations (the fast path).
+  block_cache& cache() noexcept { return cache_; }
 
   /// The fence recorded at retirement (null while alive).
   fence_ref final_fence() {
@@ -57,8 +58,9 @@ class stream_entry {
   const uint64_t id_;
   const bool created_;
   std::shared_mutex mutex_;
-  bool alive_ = true;
+  std::atomic<bool> alive_{true};
   fence_ref final_;
+  block_cache cache_;
 };
 
 /// What kind of stream a handle names.

@@ -24,6 +24,7 @@ class CppApi : public DriverTest {
     if (IsSkipped() || HasFatalFailure()) return;
     allocator_options options;
     options.driver = GetParam();
+    options.stream_cache_bytes = 0;  // these tests count frees
     cpp_ = std::make_unique<allocator>(options);
   }
   void TearDown() override {

@@ -29,6 +29,8 @@ class Reuse : public DriverTest {
     ASSERT_NE(nullptr, work_) << "no workload for this driver (kernels off)";
     options.before_free = &kernels::workload::poison_before_free;
     options.before_free_user_data = work_.get();
+    options.stream_cache_bytes = size_t{64} << 20;  // the fast path reuses fastest
+    options.stream_cache_max_block = kBytes;
   }
 
   void SetUp() override {

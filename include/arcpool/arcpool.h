@@ -199,6 +199,12 @@ typedef struct arcpool_allocator_options_t {
   /** Routing when other streams' uses are recorded. Default ARCPOOL_ROUTING_DEFAULT
    * (currently DEFERRED; see docs/routing.md). */
   arcpool_routing_t use_record_routing;
+  /** The fast path: bytes of freed blocks each stream keeps for reuse by its own later
+   * allocations (streams arcpool created or registered, and the legacy default stream).
+   * Default 64 MiB; 0 turns the cache off. */
+  size_t stream_cache_bytes;
+  /** The fast path caches blocks up to this size (exact sizes, never rounded). Default 1 MiB. */
+  size_t stream_cache_max_block;
   /** Host driver: simulated device capacity in bytes. Default 0: 16 GiB. */
   size_t host_capacity_bytes;
   /** Events kept for reuse by the event pool. Default 0: 1024. */
@@ -558,13 +564,17 @@ ARCPOOL_API arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream
   X(bytes_in_use, "bytes of live allocations (requested sizes)")                        \
   X(allocations_in_use, "live allocations")                                             \
   X(bytes_held, "bytes taken from the pool and not yet given back (live plus pending)") \
-  X(bytes_pending_free, "bytes deallocated whose free waits on the reclaim worker")
+  X(bytes_pending_free, "bytes deallocated whose free waits on the reclaim worker")  \
+  X(bytes_cached, "bytes kept in the per-stream caches (part of bytes_held)")
 
 /** Counters: each is one uint64_t field of arcpool_stats_t. */
 #define ARCPOOL_STATS_COUNTERS(X)                                                  \
   X(allocations, "successful allocations")                                         \
   X(deallocations, "accepted deallocations (explicit)")                            \
   X(frees, "blocks returned to the pool")                                          \
+  X(cache_hits, "allocations served from a stream's cache (the fast path)")         \
+  X(cache_frees, "deallocations whose block a stream's cache kept")                 \
+  X(cache_flushes, "cached blocks returned to the pool (trim, pressure, retirement)") \
   X(same_stream_frees, "deallocations freed directly on the origin stream")        \
   X(cross_stream_frees, "deallocations involving another stream than the origin")  \
   X(origin_routed_frees, "frees that ran on the origin stream for another stream") \

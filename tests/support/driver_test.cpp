@@ -29,6 +29,9 @@ void DriverTest::SetUp() {
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
   options.driver = GetParam();
+  // The model's tests count every free: the fast path's cache is off unless a suite turns it
+  // on (cache_test.cpp, reuse_test.cpp).
+  options.stream_cache_bytes = 0;
   customize(options);
   ASSERT_OK(arcpool_allocator_create(&options, &alloc_));
   probe_ = on_host() ? make_host_probe(alloc_) : make_cuda_probe();

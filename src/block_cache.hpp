@@ -1,0 +1,99 @@
+// The fast path's store (DESIGN.md §7): blocks recently freed on one stream, kept for reuse by
+// later allocations on the same stream, where stream order makes reuse safe with no event.
+// Exact sizes only, so that caching never rounds an allocation up; bounded in bytes.
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+#include "spinlock.hpp"
+
+namespace arcpool::detail {
+
+class block_cache {
+ public:
+  /// A cached block of exactly `bytes`, or null. Cost: a spinlock and a probe of a few bins.
+  void* take(size_t bytes) {
+    std::lock_guard<spinlock> lock(lock_);
+    bin* b = find(bytes);
+    if (b == nullptr || b->blocks.empty()) return nullptr;
+    void* p = b->blocks.back();
+    b->blocks.pop_back();
+    bytes_ -= bytes;
+    return p;
+  }
+
+  /// Keeps `p` (of `bytes`) unless the cache is closed, would hold more than `limit` bytes, or
+  /// has no bin left for a new size. The caller has enqueued every wait the block needs on the
+  /// cache's stream.
+  bool put(void* p, size_t bytes, size_t limit) {
+    std::lock_guard<spinlock> lock(lock_);
+    if (closed_ || bytes_ + bytes > limit) return false;
+    bin* b = find(bytes);
+    if (b == nullptr) b = claim(bytes);
+    if (b == nullptr) return false;
+    b->blocks.push_back(p);
+    bytes_ += bytes;
+    return true;
+  }
+
+  /// Gives every block to `free_block(pointer, bytes)` (under the cache's lock, so that a
+  /// concurrent retirement waits) and returns the bytes given; `close` refuses later puts (the
+  /// stream is being retired).
+  template <class F>
+  size_t drain(F&& free_block, bool close = false) {
+    std::lock_guard<spinlock> lock(lock_);
+    closed_ = closed_ || close;
+    size_t given = 0;
+    for (bin& b : bins_) {
+      for (void* p : b.blocks)
+        free_block(p, b.size);
+      given += b.size * b.blocks.size();
+      b.blocks.clear();
+      b.size = 0;
+    }
+    bytes_ = 0;
+    return given;
+  }
+
+  size_t bytes() {
+    std::lock_guard<spinlock> lock(lock_);
+    return bytes_;
+  }
+
+ private:
+  /// Blocks of one exact size. size 0: free bin.
+  struct bin {
+    size_t size = 0;
+    std::vector<void*> blocks;
+  };
+  static constexpr size_t kBins = 64;  // distinct sizes per stream; a power of two
+  static constexpr size_t kProbes = 8;
+
+  static size_t slot(size_t bytes) noexcept { return (bytes * 0x9E3779B97F4A7C15ull) >> 58; }
+
+  bin* find(size_t bytes) noexcept {
+    for (size_t i = 0, s = slot(bytes); i < kProbes; ++i, s = (s + 1) % kBins) {
+      if (bins_[s].size == bytes) return &bins_[s];
+    }
+    return nullptr;
+  }
+  /// A bin for a new size: a free one, or one of another size that is empty now.
+  bin* claim(size_t bytes) noexcept {
+    for (size_t i = 0, s = slot(bytes); i < kProbes; ++i, s = (s + 1) % kBins) {
+      if (bins_[s].size == 0 || bins_[s].blocks.empty()) {
+        bins_[s].size = bytes;
+        return &bins_[s];
+      }
+    }
+    return nullptr;
+  }
+
+  spinlock lock_;
+  bin bins_[kBins];
+  size_t bytes_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace arcpool::detail

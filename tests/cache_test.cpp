@@ -1,0 +1,211 @@
+// The fast path (DESIGN.md §7): a bounded per-stream cache of freed blocks, reused only on the
+// same stream, exact sizes, flushed on trim, pressure and retirement. On both drivers.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBlock = 4096;
+
+class StreamCache : public DriverTest {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.stream_cache_bytes = 16 * kBlock;
+    options.stream_cache_max_block = 64 * kBlock;
+    options.before_free = [](void*, size_t, arcpool_stream_t, void* user_data) {
+      static_cast<std::atomic<int>*>(user_data)->fetch_add(1);
+    };
+    options.before_free_user_data = &before_free_calls_;
+  }
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    s_ = make_stream();
+    t_ = make_stream();
+  }
+
+  /// Allocates `bytes` on `s` and frees it there at once (into the cache if it fits).
+  void* allocate_and_free(size_t bytes, arcpool_stream_t s, uint32_t flags = 0) {
+    arcpool_allocation_t* a = allocate(bytes, s);
+    void* p = data(a);
+    EXPECT_OK(arcpool_deallocate_async(a, s, flags));
+    arcpool_allocation_release(a);
+    return p;
+  }
+
+  std::atomic<int> before_free_calls_{0};
+  arcpool_stream_t s_ = nullptr;
+  arcpool_stream_t t_ = nullptr;
+};
+
+TEST_P(StreamCache, ASameStreamAllocationReusesTheFreedBlock) {
+  void* first = allocate_and_free(kBlock, s_);
+  arcpool_allocation_t* again = allocate(kBlock, s_);
+  EXPECT_EQ(first, data(again));
+  const auto st = stats();
+  EXPECT_EQ(1u, st.cache_frees);
+  EXPECT_EQ(1u, st.cache_hits);
+  EXPECT_EQ(0u, st.frees) << "nothing went back to the pool";
+  EXPECT_EQ(kBlock, st.bytes_held_current);
+  EXPECT_EQ(1, before_free_calls_.load()) << "the poison hook runs for cached frees too";
+  EXPECT_OK(arcpool_deallocate_async(again, s_, 0));
+  arcpool_allocation_release(again);
+}
+
+TEST_P(StreamCache, AnotherStreamNeverReusesAStreamsBlock) {
+  void* first = allocate_and_free(kBlock, s_);
+  arcpool_allocation_t* other = allocate(kBlock, t_);
+  EXPECT_NE(first, data(other));
+  EXPECT_EQ(0u, stats().cache_hits);
+  EXPECT_OK(arcpool_deallocate_async(other, t_, 0));
+  arcpool_allocation_release(other);
+}
+
+TEST_P(StreamCache, OnlyExactSizesAreReused) {
+  allocate_and_free(kBlock, s_);
+  arcpool_allocation_t* smaller = allocate(kBlock - 256, s_);
+  EXPECT_EQ(0u, stats().cache_hits) << "rounding would inflate memory";
+  EXPECT_EQ(kBlock, stats().bytes_cached_current);
+  EXPECT_OK(arcpool_deallocate_async(smaller, s_, 0));
+  arcpool_allocation_release(smaller);
+}
+
+TEST_P(StreamCache, TheCacheIsBoundedInBytesAndBySize) {
+  std::vector<arcpool_allocation_t*> live;
+  for (int i = 0; i < 32; ++i)
+    live.push_back(allocate(kBlock, s_));
+  for (auto* a : live) {
+    EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+    arcpool_allocation_release(a);
+  }
+  allocate_and_free(128 * kBlock, s_);  // above stream_cache_max_block
+  sync(s_);
+  const auto st = stats();
+  EXPECT_EQ(16u, st.cache_frees);
+  EXPECT_EQ(17u, st.frees);
+  EXPECT_EQ(16 * kBlock, st.bytes_cached_current);
+}
+
+TEST_P(StreamCache, TrimGivesCachedBlocksBack) {
+  allocate_and_free(kBlock, s_);
+  allocate_and_free(2 * kBlock, s_);
+  EXPECT_EQ(3 * kBlock, stats().bytes_cached_current);
+  ASSERT_OK(arcpool_allocator_trim(alloc_, 0));
+  sync(s_);
+  const auto st = stats();
+  EXPECT_EQ(0u, st.bytes_cached_current);
+  EXPECT_EQ(0u, st.bytes_held_current);
+  EXPECT_EQ(2u, st.cache_flushes);
+  if (on_host()) {
+    EXPECT_EQ(0u, pool_used());
+  }
+}
+
+TEST_P(StreamCache, UnregisteringAStreamFlushesItsCacheFirst) {
+  arcpool_stream_t app = make_app_stream();
+  ASSERT_OK(arcpool_stream_register(alloc_, app));
+  allocate_and_free(kBlock, app);
+  EXPECT_EQ(kBlock, stats().bytes_cached_current);
+  ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+  sync(app);
+  EXPECT_EQ(0u, stats().bytes_cached_current);
+  EXPECT_EQ(1u, stats().cache_flushes);
+  // No longer provably alive: nothing is cached on it any more.
+  allocate_and_free(kBlock, app);
+  sync(app);
+  EXPECT_EQ(0u, stats().bytes_cached_current);
+}
+
+TEST_P(StreamCache, DestroyingAStreamFlushesItsCache) {
+  arcpool_stream_t doomed = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc_, &doomed));
+  allocate_and_free(kBlock, doomed);
+  ASSERT_OK(arcpool_stream_destroy(alloc_, doomed));
+  EXPECT_EQ(0u, stats().bytes_cached_current);
+  EXPECT_EQ(1u, stats().cache_flushes);
+}
+
+TEST_P(StreamCache, UnregisteredStreamsAreNotCached) {
+  arcpool_stream_t app = make_app_stream();
+  allocate_and_free(kBlock, app);
+  sync(app);
+  EXPECT_EQ(0u, stats().cache_frees) << "its blocks could not be flushed once it is gone";
+  EXPECT_EQ(1u, stats().frees);
+}
+
+TEST_P(StreamCache, TheLegacyDefaultStreamIsCached) {
+  void* first = allocate_and_free(kBlock, nullptr);
+  arcpool_allocation_t* again = allocate(kBlock, nullptr);
+  EXPECT_EQ(first, data(again));
+  EXPECT_OK(arcpool_deallocate_async(again, nullptr, 0));
+  arcpool_allocation_release(again);
+  ASSERT_OK(arcpool_allocator_trim(alloc_, 0));
+  sync(nullptr);
+}
+
+TEST_P(StreamCache, ARoutedFreeIsCachedOnlyAfterItsWaits) {
+  // The block is freed on t_ after t_ waits for s_, which still writes it; the next allocation
+  // on t_ reuses it at once and writes it too: t_'s write must land after s_'s.
+  arcpool_allocation_t* a = allocate(kBlock, s_);
+  void* first = data(a);
+  gate& busy = block(s_);
+  fill_async(s_, first, kBlock, 0x11);
+  EXPECT_OK(arcpool_deallocate_async(a, t_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+  arcpool_allocation_t* b = allocate(kBlock, t_);
+  EXPECT_EQ(first, data(b)) << "the wait-and-free target's cache kept the block";
+  fill_async(t_, data(b), kBlock, 0x22);
+  busy.open();
+  sync(s_);
+  sync(t_);
+  expect_filled(data(b), kBlock, 0x22);
+  EXPECT_OK(arcpool_deallocate_async(b, t_, 0));
+  arcpool_allocation_release(a);
+  arcpool_allocation_release(b);
+}
+
+TEST_P(StreamCache, DeferredFreesNeverEnterACache) {
+  arcpool_allocation_t* a = allocate(kBlock, s_);
+  EXPECT_OK(arcpool_deallocate_async(a, t_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  arcpool_allocation_release(a);
+  sync(t_);
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().cache_frees);
+  EXPECT_EQ(1u, stats().frees);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(StreamCache);
+
+/// Out of memory flushes the caches before failing.
+class StreamCacheUnderPressure : public StreamCache {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    StreamCache::customize(options);
+    options.hard_limit_bytes = 12 * kBlock;
+  }
+};
+
+TEST_P(StreamCacheUnderPressure, OutOfMemoryFlushesTheCachesAndRetries) {
+  std::vector<arcpool_allocation_t*> live;
+  for (int i = 0; i < 8; ++i)
+    live.push_back(allocate(kBlock, s_));
+  for (auto* a : live) {
+    EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+    arcpool_allocation_release(a);
+  }
+  EXPECT_EQ(8 * kBlock, stats().bytes_cached_current);
+  arcpool_allocation_t* big = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc_, 8 * kBlock, 0, t_, 0, &big));
+  EXPECT_EQ(1u, stats().oom_retries);
+  EXPECT_EQ(0u, stats().bytes_cached_current);
+  EXPECT_OK(arcpool_deallocate_async(big, t_, 0));
+  arcpool_allocation_release(big);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(StreamCacheUnderPressure);
+
+}  // namespace
+}  // namespace arcpool::test
