@@ -1,6 +1,7 @@
 #include "allocator.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <new>
 #include <thread>
 
@@ -49,7 +50,14 @@ void* align_up(void* p, size_t alignment) {
 arcpool_status_t allocator::create(const allocator_config& config, allocator** out) {
   std::unique_ptr<driver> drv;
   ARCPOOL_RETURN_IF_ERROR(make_driver(config.driver, &drv));
-  *out = new allocator(config, std::move(drv));
+  auto* a = new allocator(config, std::move(drv));
+  if (const char* path = std::getenv("ARCPOOL_LOG"); path != nullptr && *path != '\0') {
+    if (arcpool_status_t status = a->log_.open(path); status != ARCPOOL_STATUS_SUCCESS) {
+      a->release();
+      return status;
+    }
+  }
+  *out = a;
   return ARCPOOL_STATUS_SUCCESS;
 }
 
@@ -384,7 +392,11 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
                   size, alignment);
     }
     p.held_bytes = size + extra;
-    ARCPOOL_RETURN_IF_ERROR(allocate_from_pool(p.held_bytes, size, p.origin, &p.base));
+    if (arcpool_status_t status = allocate_from_pool(p.held_bytes, size, p.origin, &p.base);
+        status != ARCPOOL_STATUS_SUCCESS) {
+      if (log_.enabled()) log_.write("allocate failure", nullptr, size, s);
+      return status;
+    }
     p.data = align_up(p.base, alignment);
   }
   p.serial = next_serial();
@@ -398,6 +410,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   }
   record_created();
   stats::count(stats_.allocations);
+  if (log_.enabled()) log_.write("allocate", p.data, size, s);
   stats_.bytes_in_use.add(size);
   stats_.allocations_in_use.add(1);
   *out = a;
@@ -514,7 +527,7 @@ allocator::route allocator::choose_route(const allocation& a, const stream_ref& 
   }
 }
 
-arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit) {
+arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, stream_handle stream) {
   if (implicit) {
     if (!a.owners.accept_implicit_free()) {
       return ownership_failure(a, ownership_result::already_deallocated, "implicit free");
@@ -524,6 +537,9 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit) {
         ownership_failure(a, a.owners.accept_deallocation(force), "deallocate"));
   }
   stats::count(implicit ? stats_.implicit_frees : stats_.deallocations);
+  if (log_.enabled() && !a.external()) {
+    log_.write("free", a.placement.data, a.placement.size, stream);
+  }
   if (!a.external()) {
     stats_.bytes_in_use.sub(a.placement.size);
     stats_.allocations_in_use.sub(1);
@@ -561,7 +577,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 
   // Nothing to give back: zero bytes, or a borrowed import nobody wants to hear about.
   if (a.placement.size == 0 || (a.external() && a.placement.on_free == nullptr)) {
-    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     a.uses.clear();
     return ARCPOOL_STATUS_SUCCESS;
   }
@@ -569,7 +585,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   // Indeterminate lifetime: take the fences now, free nothing until the last reference goes.
   if (a.indeterminate()) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
-    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     stats::count(stats_.ignored_deallocations);
     a.held_fences = std::move(fences);
     a.uses.clear();
@@ -579,7 +595,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   // Imported memory: on_free runs on the reclaim worker once every fence completed.
   if (a.external()) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
-    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     reclaim_item item;
     item.pointer = a.placement.base;
     item.bytes = a.placement.size;
@@ -599,7 +615,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   const stream_ref& origin = a.placement.origin;
 
   if (r == route::same_stream) {
-    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     stats::count(stats_.same_stream_frees);
     return free_on(a, caller.handle, cache_for(caller), fences);
   }
@@ -610,7 +626,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
       ARCPOOL_RETURN_IF_ERROR(origin.entry->with_alive(
           [&](stream_handle) { return check_not_capturing(origin, "deallocate"); },
           ARCPOOL_STATUS_SUCCESS));
-      ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+      ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
       stats::count(stats_.cross_stream_frees);
       const arcpool_status_t status = origin.entry->with_alive(
           [&](stream_handle h) {
@@ -630,7 +646,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 
   if (r == route::wait_and_free || r == route::prefer_origin) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, caller.id, &fences));
-    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     stats::count(stats_.cross_stream_frees);
     a.uses.clear();
     return free_on(a, caller.handle, cache_for(caller), fences);
@@ -638,7 +654,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 
   // Deferred: fence everything, let the reclaim worker free on the origin once all completed.
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
-  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit));
+  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
   stats::count(stats_.cross_stream_frees);
   reclaim_item item;
   item.pointer = a.placement.base;

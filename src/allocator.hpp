@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "allocation.hpp"
+#include "allocation_log.hpp"
 #include "drivers/driver.hpp"
 #include "fence.hpp"
 #include "options.hpp"
@@ -78,6 +79,9 @@ class allocator {
 
   void read_stats(arcpool_stats_t* out) const;
 
+  /// The CSV allocation log (RMM's columns).
+  allocation_log& log() noexcept { return log_; }
+
   /// Test hooks: one synchronous reclaim pass (returns items completed), and a full drain.
   size_t reclaim_poll_once() { return reclaimer_.poll_once(); }
   arcpool_status_t reclaim_drain() { return reclaimer_.drain(); }
@@ -122,7 +126,8 @@ class allocator {
   void flush_cache(block_cache& cache, stream_handle s, bool close);
   /// Gives every cached block back to the pool (trim, out of memory, teardown).
   void flush_caches();
-  arcpool_status_t commit(allocation& a, bool force, bool implicit);
+  /// Accepts the deallocation (ownership transition, stats, the log's free row on `stream`).
+  arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream);
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
   arcpool_status_t try_pool_allocate(size_t bytes, const stream_ref& s, void** out);
@@ -139,6 +144,7 @@ class allocator {
   stream_registry streams_;
   reclaimer reclaimer_;
   block_cache legacy_cache_;  ///< the legacy default stream's fast path
+  allocation_log log_;
 };
 
 /// The C handle of an allocator is the allocator itself (arcpool_allocator is never defined).

@@ -112,6 +112,18 @@ arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator, size_t k
   return guarded([&] { return from_handle(allocator)->trim(keep_bytes); });
 }
 
+arcpool_status_t arcpool_allocator_log_open(arcpool_allocator_t* allocator, const char* path) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(path);
+  return guarded([&] { return from_handle(allocator)->log().open(path); });
+}
+
+arcpool_status_t arcpool_allocator_log_close(arcpool_allocator_t* allocator) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  from_handle(allocator)->log().close();
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 // --- Streams ---------------------------------------------------------------------------------
 
 arcpool_status_t arcpool_stream_create(arcpool_allocator_t* allocator,

@@ -8,6 +8,11 @@
 
 namespace arcpool::detail {
 
+namespace {
+/// True while this thread completes reclaim items (an on_free callback may re-enter arcpool).
+thread_local bool t_completing = false;
+}  // namespace
+
 reclaimer::reclaimer(driver& drv, stats& counters, arcpool_before_free_t before_free,
                      void* before_free_user_data)
     : driver_(drv),
@@ -51,6 +56,7 @@ void reclaimer::enqueue(reclaim_item item) {
   stats::count(stats_.deferred_frees);
   std::lock_guard<std::mutex> lock(mutex_);
   items_.push_back(std::move(item));
+  queued_.store(items_.size(), std::memory_order_relaxed);
   start_locked();
   work_cv_.notify_one();
 }
@@ -150,7 +156,19 @@ std::vector<std::pair<reclaim_item, bool>> reclaimer::take_completed_locked() {
     }
   }
   completing_ += done.size();
+  queued_.store(items_.size(), std::memory_order_relaxed);
   return done;
+}
+
+void reclaimer::finish(std::vector<std::pair<reclaim_item, bool>>& done) {
+  if (done.empty()) return;
+  const bool was_completing = std::exchange(t_completing, true);
+  for (auto& [item, failed] : done)
+    complete(item, failed, /*prefer_origin=*/true);
+  t_completing = was_completing;
+  std::lock_guard<std::mutex> lock(mutex_);
+  completing_ -= done.size();
+  idle_cv_.notify_all();
 }
 
 size_t reclaimer::poll_once() {
@@ -185,11 +203,8 @@ void reclaimer::run() {
       continue;
     }
     lock.unlock();
-    for (auto& [item, failed] : done)
-      complete(item, failed, /*prefer_origin=*/true);
+    finish(done);
     lock.lock();
-    completing_ -= done.size();
-    idle_cv_.notify_all();
     backoff = kMinBackoff;
   }
 }
@@ -199,11 +214,10 @@ arcpool_status_t reclaimer::drain() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     items.swap(items_);
-    // Frees the worker is completing right now must land before we report; not when we are
-    // the worker (an on_free callback that allocated and ran out of memory).
-    if (worker_.get_id() != std::this_thread::get_id()) {
-      idle_cv_.wait(lock, [&] { return completing_ == 0; });
-    }
+    queued_.store(0, std::memory_order_relaxed);
+    // Frees being completed right now must land before we report; not when this thread is
+    // one of those completing (an on_free callback that allocated and ran out of memory).
+    if (!t_completing) idle_cv_.wait(lock, [&] { return completing_ == 0; });
   }
   arcpool_status_t first_error = ARCPOOL_STATUS_SUCCESS;
   bool freed = false;

@@ -4,6 +4,7 @@
 // from a CUDA host callback.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -57,6 +58,18 @@ class reclaimer {
   /// nothing is given back while a fence is outstanding.
   size_t poll_once();
 
+  /// As poll_once, but returns at once if nothing is pending or another thread is polling.
+  /// Allocations call it before growing the pool, so that memory whose fences completed comes
+  /// back before the worker's next poll. Cost when nothing is pending: one relaxed load.
+  void poll_if_pending() {
+    if (queued_.load(std::memory_order_relaxed) == 0) return;
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    auto done = take_completed_locked();
+    lock.unlock();
+    finish(done);
+  }
+
   /// True on the worker thread (inside an on_free callback).
   bool on_worker_thread() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -70,6 +83,8 @@ class reclaimer {
   void run();
   /// Moves every item whose fences completed out of `items_` (lock held).
   std::vector<std::pair<reclaim_item, bool>> take_completed_locked();
+  /// Completes items taken by take_completed_locked (lock not held).
+  void finish(std::vector<std::pair<reclaim_item, bool>>& done);
   void start_locked();
   void stop_worker(bool drain_first);
   /// Drops completed fences from the back of `item`; true when none is left (or one failed,
@@ -91,7 +106,8 @@ class reclaimer {
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;
   std::vector<reclaim_item> items_;
-  size_t completing_ = 0;  ///< items the worker moved out and is completing now
+  std::atomic<size_t> queued_{0};  ///< items_.size(), readable without the lock
+  size_t completing_ = 0;          ///< items the worker moved out and is completing now
   bool stop_ = false;
   std::thread worker_;
   int exit_listener_ = -1;

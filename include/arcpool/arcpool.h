@@ -207,6 +207,9 @@ typedef struct arcpool_allocator_options_t {
   size_t stream_cache_max_block;
   /** Host driver: simulated device capacity in bytes. Default 0: 16 GiB. */
   size_t host_capacity_bytes;
+  /** Host driver: hand out reserved address space with no backing memory (for replaying traces
+   * larger than the machine); such memory must never be touched. Default 0. */
+  int host_reserve_only;
   /** Events kept for reuse by the event pool. Default 0: 1024. */
   size_t event_pool_capacity;
   /** Out-of-memory callback (see arcpool_oom_callback_t). Default NULL. */
@@ -554,6 +557,23 @@ ARCPOOL_API arcpool_status_t arcpool_free_async(void* pointer, size_t size, int 
 /** arcpool_record_use for the by-pointer allocation containing `pointer`, searched in every
  * device's default allocator. UNKNOWN_POINTER if none contains it. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Allocation log                                                                              */
+/* ----------------------------------------------------------------------------------------- */
+
+/**
+ * Starts logging every allocation and deallocation of `allocator` to the CSV file `path` in
+ * RMM's columns (Thread,Time,Action,Pointer,Size,Stream; the stream as a hexadecimal handle),
+ * replayable by tools/arcpool-replay and by RMM's replay benchmark. Replaces an open log. The
+ * environment variable ARCPOOL_LOG=path opens one when an allocator is created. Thread-safe;
+ * blocks on file I/O.
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocator_log_open(arcpool_allocator_t* allocator,
+                                                        const char* path);
+
+/** Stops logging and closes the file (no-op when none is open). Blocks on file I/O. */
+ARCPOOL_API arcpool_status_t arcpool_allocator_log_close(arcpool_allocator_t* allocator);
 
 /* ----------------------------------------------------------------------------------------- */
 /* Statistics                                                                                  */

@@ -47,6 +47,7 @@ struct driver_config {
   uint32_t ipc_handle_types = 0;
   std::vector<int> peer_devices;
   size_t host_capacity_bytes = size_t{16} << 30;
+  bool host_reserve_only = false;  ///< address space only, never touched (trace replay)
 };
 
 /// Streams, events, one pool and host work on one device. Every call sets and restores the

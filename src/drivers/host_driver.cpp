@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <sys/mman.h>
+
 #include "drivers/driver.hpp"
 #include "drivers/host_stream.hpp"
 #include "status.hpp"
@@ -56,7 +58,9 @@ constexpr size_t kHostAlignment = 256;
 class host_driver final : public driver {
  public:
   explicit host_driver(const driver_config& config)
-      : device_(config.device), capacity_(config.host_capacity_bytes) {}
+      : device_(config.device),
+        capacity_(config.host_capacity_bytes),
+        reserve_only_(config.host_reserve_only) {}
 
   arcpool_driver_kind_t kind() const noexcept override { return ARCPOOL_DRIVER_HOST; }
   int device() const noexcept override { return device_; }
@@ -183,7 +187,7 @@ class host_driver final : public driver {
                     static_cast<unsigned long long>(reserved), capacity_);
       }
     } while (!counters_->reserved.compare_exchange_weak(reserved, reserved + rounded));
-    void* p = std::aligned_alloc(kHostAlignment, rounded);
+    void* p = reserve_only_ ? reserve(rounded) : std::aligned_alloc(kHostAlignment, rounded);
     if (p == nullptr) {
       counters_->reserved.fetch_sub(rounded);
       return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "host pool: aligned_alloc(%zu) failed", rounded);
@@ -197,8 +201,12 @@ class host_driver final : public driver {
     std::shared_ptr<host_stream> hs;
     ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "pool_free", &hs));
     // The task owns a reference to the counters: it may run after the driver is gone.
-    hs->enqueue([counters = counters_, p, rounded = round_up(bytes)] {
-      std::free(p);
+    hs->enqueue([counters = counters_, p, rounded = round_up(bytes), reserved = reserve_only_] {
+      if (reserved) {
+        munmap(p, rounded);
+      } else {
+        std::free(p);
+      }
       counters->reserved.fetch_sub(rounded);
     });
     return ARCPOOL_STATUS_SUCCESS;
@@ -264,8 +272,15 @@ class host_driver final : public driver {
     return ARCPOOL_STATUS_SUCCESS;
   }
 
+  /// Address space with no backing memory (never touched; replays of large traces).
+  static void* reserve(size_t bytes) {
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+
   const int device_;
   const size_t capacity_;
+  const bool reserve_only_;
   std::atomic<bool> sticky_error_{false};
   struct pool_counters {
     std::atomic<uint64_t> reserved{0};

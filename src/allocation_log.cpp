@@ -1,0 +1,57 @@
+#include "allocation_log.hpp"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+
+#include "status.hpp"
+
+namespace arcpool::detail {
+
+arcpool_status_t allocation_log::open(const char* path) {
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "cannot open the allocation log %s: %s", path,
+                std::strerror(errno));
+  }
+  std::fputs("Thread,Time,Action,Pointer,Size,Stream\n", f);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (FILE* old = file_.exchange(f)) std::fclose(old);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+void allocation_log::close() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (FILE* old = file_.exchange(nullptr)) std::fclose(old);
+}
+
+void allocation_log::write(const char* action, const void* pointer, size_t size,
+                           arcpool_stream_t stream) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const long micros = static_cast<long>(
+      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+      1000000);
+  std::tm local{};
+  localtime_r(&seconds, &local);
+  static thread_local const long thread = static_cast<long>(syscall(SYS_gettid));
+  std::lock_guard<std::mutex> lock(mutex_);
+  FILE* f = file_.load(std::memory_order_relaxed);
+  if (f == nullptr) return;
+  // RMM writes the stream as a hexadecimal handle, and (nil) for a null pointer.
+  std::fprintf(f, "%ld,%02d:%02d:%02d.%06ld,%s,", thread, local.tm_hour, local.tm_min, local.tm_sec,
+               micros, action);
+  if (pointer == nullptr) {
+    std::fputs("(nil)", f);
+  } else {
+    std::fprintf(f, "%p", pointer);
+  }
+  std::fprintf(f, ",%zu,%lx\n", size,
+               static_cast<unsigned long>(reinterpret_cast<uintptr_t>(stream)));
+}
+
+}  // namespace arcpool::detail

@@ -1,0 +1,305 @@
+// arcpool-replay: replays allocation logs in RMM's CSV columns (Thread,Time,Action,Pointer,Size,
+// Stream; the stream as a hexadecimal handle, 0 the legacy default stream) through arcpool (cache
+// on and off) and through the raw driver pool, and reports time per event, peak in use, peak
+// reserved and their ratios. arcpool's own logs (arcpool_allocator_log_open) replay too.
+//
+//   arcpool-replay [--driver auto|cuda|host|null] [--capacity BYTES] [--json FILE] TRACE...
+//
+// On the host driver the pool hands out address space with no backing memory (the traces'
+// footprints reach 24 GB), under a simulated capacity (default 64 GiB).
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "allocator.hpp"
+#include "arcpool/arcpool.h"
+
+namespace {
+
+struct event {
+  bool allocate;
+  uint64_t pointer;  // the trace's pointer: a key only
+  size_t size;
+  uint64_t stream;  // the trace's stream handle; 0: legacy default
+};
+
+struct trace {
+  std::string name;
+  std::vector<event> events;
+  uint64_t peak_live = 0;  // largest sum of live requested sizes: the bound any allocator meets
+  size_t streams = 0;
+};
+
+uint64_t parse_hex(const std::string& s) {
+  if (s == "(nil)" || s.empty()) return 0;
+  return std::strtoull(s.c_str(), nullptr, 16);
+}
+
+bool load(const char* path, trace* t) {
+  std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "arcpool-replay: cannot read %s\n", path);
+    return false;
+  }
+  t->name = path;
+  if (const char* slash = std::strrchr(path, '/')) t->name = slash + 1;
+  std::string line;
+  std::getline(in, line);  // header
+  std::unordered_map<uint64_t, size_t> live;
+  std::unordered_map<uint64_t, bool> streams;
+  uint64_t live_bytes = 0;
+  size_t number = 1;
+  while (std::getline(in, line)) {
+    ++number;
+    std::vector<std::string> f;
+    std::stringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');)
+      f.push_back(cell);
+    if (f.size() < 6) continue;
+    const std::string& action = f[2];
+    if (action != "allocate" && action != "free") continue;  // "allocate failure" rows
+    event e{action == "allocate", parse_hex(f[3]), std::strtoull(f[4].c_str(), nullptr, 10),
+            parse_hex(f[5])};
+    streams[e.stream] = true;
+    if (e.allocate) {
+      if (live.count(e.pointer) != 0) {
+        std::fprintf(stderr, "%s:%zu: %s allocated twice; row skipped\n", path, number,
+                     f[3].c_str());
+        continue;
+      }
+      live[e.pointer] = e.size;
+      live_bytes += e.size;
+      if (live_bytes > t->peak_live) t->peak_live = live_bytes;
+    } else {
+      auto it = live.find(e.pointer);
+      if (it == live.end()) continue;  // freed before the recording started
+      live_bytes -= it->second;
+      live.erase(it);
+    }
+    t->events.push_back(e);
+  }
+  t->streams = streams.size();
+  return true;
+}
+
+struct result {
+  std::string mode;
+  double seconds = 0;
+  uint64_t peak_reserved = 0;
+  uint64_t peak_in_use = 0;
+  uint64_t failures = 0;
+};
+
+arcpool_allocator_t* make(arcpool_driver_kind_t driver, size_t capacity, bool cache) {
+  arcpool_allocator_options_t o;
+  arcpool_allocator_options_init(&o);
+  o.driver = driver;
+  o.host_capacity_bytes = capacity;
+  o.host_reserve_only = 1;
+  if (!cache) o.stream_cache_bytes = 0;
+  arcpool_allocator_t* a = nullptr;
+  if (arcpool_allocator_create(&o, &a) != ARCPOOL_STATUS_SUCCESS) {
+    std::fprintf(stderr, "arcpool-replay: %s\n", arcpool_last_error());
+    std::exit(1);
+  }
+  return a;
+}
+
+/// Streams of the trace, created through arcpool (so the fast path may cache on them).
+std::unordered_map<uint64_t, arcpool_stream_t> make_streams(arcpool_allocator_t* a,
+                                                            const trace& t) {
+  std::unordered_map<uint64_t, arcpool_stream_t> map;
+  map[0] = nullptr;
+  for (const event& e : t.events) {
+    if (map.count(e.stream) != 0) continue;
+    arcpool_stream_t s = nullptr;
+    arcpool_stream_create(a, &s);
+    map[e.stream] = s;
+  }
+  return map;
+}
+
+void settle(arcpool_allocator_t* a, const std::unordered_map<uint64_t, arcpool_stream_t>& map) {
+  for (const auto& [key, s] : map)
+    arcpool_stream_synchronize(a, s);
+}
+
+result replay_arcpool(const trace& t, arcpool_driver_kind_t driver, size_t capacity, bool cache) {
+  result r;
+  r.mode = cache ? "arcpool" : "arcpool (cache off)";
+  arcpool_allocator_t* a = make(driver, capacity, cache);
+  auto streams = make_streams(a, t);
+  std::unordered_map<uint64_t, arcpool_allocation_t*> live;
+  live.reserve(t.events.size());
+  const auto start = std::chrono::steady_clock::now();
+  for (const event& e : t.events) {
+    arcpool_stream_t s = streams[e.stream];
+    if (e.allocate) {
+      arcpool_allocation_t* h = nullptr;
+      if (arcpool_allocate_async(a, e.size, 0, s, 0, &h) == ARCPOOL_STATUS_SUCCESS) {
+        live[e.pointer] = h;
+      } else {
+        ++r.failures;
+      }
+    } else if (auto it = live.find(e.pointer); it != live.end()) {
+      arcpool_deallocate_async(it->second, s, 0);
+      arcpool_allocation_release(it->second);
+      live.erase(it);
+    }
+  }
+  settle(a, streams);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  arcpool_stats_get(a, &st);
+  r.peak_reserved = st.pool_reserved_bytes_peak;
+  r.peak_in_use = st.bytes_in_use_peak;
+  for (auto& [key, h] : live) {
+    arcpool_deallocate_async(h, streams[0], ARCPOOL_DEALLOCATE_FLAG_FORCE);
+    arcpool_allocation_release(h);
+  }
+  settle(a, streams);
+  arcpool_allocator_trim(a, 0);
+  for (auto& [key, s] : streams) {
+    if (s != nullptr) arcpool_stream_destroy(a, s);
+  }
+  arcpool_allocator_destroy(a);
+  return r;
+}
+
+/// The raw driver pool (an arcpool-configured pool used directly: cudaMallocFromPoolAsync /
+/// cudaFreeAsync on the CUDA driver), frees on the trace's stream.
+result replay_raw(const trace& t, arcpool_driver_kind_t driver, size_t capacity) {
+  result r;
+  r.mode = "raw driver pool";
+  arcpool_allocator_t* a = make(driver, capacity, false);
+  arcpool::detail::driver& drv = arcpool::detail::from_handle(a)->drv();
+  auto streams = make_streams(a, t);
+  std::unordered_map<uint64_t, std::pair<void*, size_t>> live;
+  live.reserve(t.events.size());
+  uint64_t in_use = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (const event& e : t.events) {
+    arcpool_stream_t s = streams[e.stream];
+    if (e.allocate) {
+      void* p = nullptr;
+      if (e.size == 0) continue;
+      if (drv.pool_allocate(e.size, s, &p) == ARCPOOL_STATUS_SUCCESS) {
+        live[e.pointer] = {p, e.size};
+        in_use += e.size;
+        if (in_use > r.peak_in_use) r.peak_in_use = in_use;
+      } else {
+        ++r.failures;
+      }
+    } else if (auto it = live.find(e.pointer); it != live.end()) {
+      drv.pool_free(it->second.first, it->second.second, s);
+      in_use -= it->second.second;
+      live.erase(it);
+    }
+  }
+  settle(a, streams);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.peak_reserved = drv.pool_query().reserved_peak;
+  for (auto& [key, block] : live)
+    drv.pool_free(block.first, block.second, streams[0]);
+  settle(a, streams);
+  for (auto& [key, s] : streams) {
+    if (s != nullptr) arcpool_stream_destroy(a, s);
+  }
+  arcpool_allocator_destroy(a);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  arcpool_driver_kind_t driver = ARCPOOL_DRIVER_AUTO;
+  size_t capacity = size_t{64} << 30;
+  const char* json = nullptr;
+  std::vector<const char*> paths;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--driver" && i + 1 < argc) {
+      const std::string d = argv[++i];
+      driver = d == "cuda"   ? ARCPOOL_DRIVER_CUDA
+               : d == "host" ? ARCPOOL_DRIVER_HOST
+               : d == "null" ? ARCPOOL_DRIVER_NULL
+                             : ARCPOOL_DRIVER_AUTO;
+    } else if (a == "--capacity" && i + 1 < argc) {
+      capacity = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else if (!a.empty() && a[0] != '-') {
+      paths.push_back(argv[i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--driver auto|cuda|host|null] [--capacity BYTES] [--json FILE] "
+                   "TRACE.csv...\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (paths.empty()) {
+    std::fprintf(stderr, "arcpool-replay: no trace given\n");
+    return 2;
+  }
+  {
+    arcpool_allocator_t* probe = make(driver, capacity, true);
+    driver = arcpool_allocator_driver(probe);
+    arcpool_allocator_destroy(probe);
+  }
+  std::printf("arcpool-replay: %s driver\n", arcpool_driver_name(driver));
+  FILE* out = json != nullptr ? std::fopen(json, "w") : nullptr;
+  if (out != nullptr)
+    std::fprintf(out, "{\"driver\": \"%s\", \"traces\": [", arcpool_driver_name(driver));
+  int failed = 0;
+  for (size_t ti = 0; ti < paths.size(); ++ti) {
+    trace t;
+    if (!load(paths[ti], &t)) return 1;
+    std::printf("\n%s: %zu events, %zu streams, peak live %" PRIu64 " bytes\n", t.name.c_str(),
+                t.events.size(), t.streams, t.peak_live);
+    std::printf("%-22s %12s %18s %18s %12s %14s %9s\n", "mode", "ns/event", "peak in use",
+                "peak reserved", "vs live", "vs raw pool", "failures");
+    const result raw = replay_raw(t, driver, capacity);
+    const result runs[] = {raw, replay_arcpool(t, driver, capacity, true),
+                           replay_arcpool(t, driver, capacity, false)};
+    if (out != nullptr) {
+      std::fprintf(out,
+                   "%s{\"trace\": \"%s\", \"events\": %zu, \"streams\": %zu, "
+                   "\"peak_live\": %" PRIu64 ", \"modes\": [",
+                   ti ? ", " : "", t.name.c_str(), t.events.size(), t.streams, t.peak_live);
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      const result& r = runs[i];
+      const double ns = t.events.empty() ? 0 : r.seconds * 1e9 / t.events.size();
+      const double vs_live = t.peak_live ? double(r.peak_reserved) / t.peak_live : 0;
+      const double vs_raw = raw.peak_reserved ? double(r.peak_reserved) / raw.peak_reserved : 0;
+      std::printf("%-22s %12.0f %18" PRIu64 " %18" PRIu64 " %12.3f %14.3f %9" PRIu64 "\n",
+                  r.mode.c_str(), ns, r.peak_in_use, r.peak_reserved, vs_live, vs_raw, r.failures);
+      if (out != nullptr) {
+        std::fprintf(out,
+                     "%s{\"mode\": \"%s\", \"ns_per_event\": %.1f, \"peak_in_use\": %" PRIu64
+                     ", \"peak_reserved\": %" PRIu64
+                     ", \"reserved_vs_live\": %.4f, \"reserved_vs_raw\": %.4f, "
+                     "\"failures\": %" PRIu64 "}",
+                     i ? ", " : "", r.mode.c_str(), ns, r.peak_in_use, r.peak_reserved, vs_live,
+                     vs_raw, r.failures);
+      }
+      if (r.failures != 0) failed = 1;
+    }
+    if (out != nullptr) std::fprintf(out, "]}");
+  }
+  if (out != nullptr) {
+    std::fprintf(out, "]}\n");
+    std::fclose(out);
+  }
+  return failed;
+}
