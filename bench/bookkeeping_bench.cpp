@@ -8,6 +8,7 @@
 
 #include "allocator.hpp"
 #include "bench_defaults.hpp"
+#include "nvtx.hpp"
 
 namespace arcpool::bench {
 namespace {
@@ -134,6 +135,20 @@ void BM_CrossStreamDeferredPair(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 2);
 }
 BENCHMARK(BM_CrossStreamDeferredPair)->ThreadRange(1, 4)->UseRealTime();
+
+/// What an NVTX range costs arcpool when no tool is attached (compiled in, the default): the
+/// guard every public operation constructs. Expected: ~1 ns (a load and a branch).
+void BM_NvtxRangeWithoutTool(benchmark::State& state) {
+  if (detail::nvtx::enabled()) {
+    state.SkipWithError("an NVTX tool is attached: this measures the no-tool cost");
+    return;
+  }
+  for (auto _ : state) {
+    detail::nvtx::range r(detail::nvtx::op::allocate, 4096, nullptr);
+    benchmark::DoNotOptimize(&r);
+  }
+}
+BENCHMARK(BM_NvtxRangeWithoutTool);
 
 }  // namespace
 }  // namespace arcpool::bench

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "janitor.hpp"
+#include "nvtx.hpp"
 #include "process_exit.hpp"
 #include "status.hpp"
 
@@ -411,6 +412,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   record_created();
   stats::count(stats_.allocations);
   if (log_.enabled()) log_.write("allocate", p.data, size, s);
+  nvtx::name_region(p.data, size, p.serial);
   stats_.bytes_in_use.add(size);
   stats_.allocations_in_use.add(1);
   *out = a;
@@ -540,6 +542,7 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
   if (log_.enabled() && !a.external()) {
     log_.write("free", a.placement.data, a.placement.size, stream);
   }
+  nvtx::forget_region(a.placement.data);
   if (!a.external()) {
     stats_.bytes_in_use.sub(a.placement.size);
     stats_.allocations_in_use.sub(1);
@@ -790,6 +793,7 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
   const arcpool_status_t status = wait_all(a.current.handle, fences);
   a.uses.clear();
   stats::count(stats_.exports);
+  nvtx::forget_region(a.placement.data);
   if (!a.external()) {
     stats_.bytes_in_use.sub(a.placement.size);
     stats_.allocations_in_use.sub(1);

@@ -7,6 +7,7 @@
 #include "allocation.hpp"
 #include "allocator.hpp"
 #include "default_allocators.hpp"
+#include "nvtx.hpp"
 #include "pointer_map.hpp"
 #include "status.hpp"
 
@@ -14,6 +15,7 @@ using arcpool::detail::allocation;
 using arcpool::detail::allocator;
 using arcpool::detail::fail;
 using arcpool::detail::from_handle;
+namespace nvtx = arcpool::detail::nvtx;
 
 namespace {
 
@@ -109,6 +111,7 @@ int arcpool_allocator_device(const arcpool_allocator_t* allocator) {
 
 arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator, size_t keep_bytes) {
   ARCPOOL_REQUIRE_ARG(allocator);
+  nvtx::range range(nvtx::op::trim, keep_bytes, nullptr);
   return guarded([&] { return from_handle(allocator)->trim(keep_bytes); });
 }
 
@@ -171,6 +174,7 @@ arcpool_status_t arcpool_allocate_async(arcpool_allocator_t* allocator, size_t s
                                         arcpool_allocation_t** out_allocation) {
   ARCPOOL_REQUIRE_ARG(allocator);
   ARCPOOL_REQUIRE_ARG(out_allocation);
+  nvtx::range range(nvtx::op::allocate, size, stream);
   return guarded([&] {
     allocation* a = nullptr;
     ARCPOOL_RETURN_IF_ERROR(from_handle(allocator)->allocate(size, alignment, stream, flags, &a));
@@ -182,6 +186,7 @@ arcpool_status_t arcpool_allocate_async(arcpool_allocator_t* allocator, size_t s
 arcpool_status_t arcpool_deallocate_async(arcpool_allocation_t* allocation, arcpool_stream_t stream,
                                           uint32_t flags) {
   ARCPOOL_REQUIRE_ARG(allocation);
+  nvtx::range range(nvtx::op::deallocate, allocation->size, stream);
   return guarded([&] {
     auto& a = record_of(allocation);
     return a.owner.deallocate(a, stream, flags);
@@ -190,12 +195,14 @@ arcpool_status_t arcpool_deallocate_async(arcpool_allocation_t* allocation, arcp
 
 arcpool_status_t arcpool_allocation_preserve(arcpool_allocation_t* allocation) {
   ARCPOOL_REQUIRE_ARG(allocation);
+  nvtx::range range(nvtx::op::preserve, allocation->size, nullptr);
   auto& a = record_of(allocation);
   return a.owner.preserve(a);
 }
 
 arcpool_status_t arcpool_allocation_discard(arcpool_allocation_t* allocation, int* out_was_last) {
   ARCPOOL_REQUIRE_ARG(allocation);
+  nvtx::range range(nvtx::op::discard, allocation->size, nullptr);
   auto& a = record_of(allocation);
   bool last = false;
   ARCPOOL_RETURN_IF_ERROR(a.owner.discard(a, &last));
@@ -209,6 +216,7 @@ int arcpool_allocation_is_terminal(const arcpool_allocation_t* allocation) {
 
 arcpool_status_t arcpool_allocation_discard_and_release(arcpool_allocation_t* allocation) {
   ARCPOOL_REQUIRE_ARG(allocation);
+  nvtx::range range(nvtx::op::discard, allocation->size, nullptr);
   return guarded([&] {
     auto& a = record_of(allocation);
     bool last = false;
@@ -311,6 +319,7 @@ arcpool_status_t arcpool_allocation_view(arcpool_allocation_t* allocation, size_
 arcpool_status_t arcpool_allocation_export(arcpool_allocation_t* allocation, void** out_pointer) {
   ARCPOOL_REQUIRE_ARG(allocation);
   ARCPOOL_REQUIRE_ARG(out_pointer);
+  nvtx::range range(nvtx::op::export_memory, allocation->size, nullptr);
   return guarded([&] {
     auto& a = record_of(allocation);
     return a.owner.export_memory(a, out_pointer);
@@ -319,6 +328,7 @@ arcpool_status_t arcpool_allocation_export(arcpool_allocation_t* allocation, voi
 
 arcpool_status_t arcpool_transfer(arcpool_allocation_t* allocation, arcpool_stream_t to_stream) {
   ARCPOOL_REQUIRE_ARG(allocation);
+  nvtx::range range(nvtx::op::transfer, allocation->size, to_stream);
   return guarded([&] {
     auto& a = record_of(allocation);
     return a.owner.transfer(a, to_stream);
@@ -327,6 +337,7 @@ arcpool_status_t arcpool_transfer(arcpool_allocation_t* allocation, arcpool_stre
 
 arcpool_status_t arcpool_record_use(arcpool_allocation_t* allocation, arcpool_stream_t stream) {
   ARCPOOL_REQUIRE_ARG(allocation);
+  nvtx::range range(nvtx::op::record_use, allocation->size, stream);
   return guarded([&] {
     auto& a = record_of(allocation);
     return a.owner.record_use(a, stream);
@@ -342,6 +353,7 @@ arcpool_status_t arcpool_import(arcpool_allocator_t* allocator, void* pointer, s
     if (consume) on_free(pointer, size, user_data);
     return null_argument(__func__, allocator == nullptr ? "allocator" : "out_allocation");
   }
+  nvtx::range range(nvtx::op::import, size, stream);
   return guarded([&] {
     allocation* a = nullptr;
     ARCPOOL_RETURN_IF_ERROR(
@@ -372,6 +384,7 @@ arcpool_status_t arcpool_default_allocator_get(int device, arcpool_allocator_t**
 
 void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
   if (size == 0) return nullptr;
+  nvtx::range range(nvtx::op::allocate, size, stream);
   void* data = nullptr;
   guarded([&] {
     arcpool::detail::allocator* a = nullptr;
@@ -387,6 +400,7 @@ void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
 
 arcpool_status_t arcpool_free_async(void* pointer, size_t, int device, arcpool_stream_t stream) {
   if (pointer == nullptr) return ARCPOOL_STATUS_SUCCESS;
+  nvtx::range range(nvtx::op::deallocate, 0, stream);
   return guarded([&] {
     auto& map = arcpool::detail::by_pointer_allocations();
     allocation* a = map.find(pointer);
@@ -412,6 +426,7 @@ arcpool_status_t arcpool_free_async(void* pointer, size_t, int device, arcpool_s
 
 arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
   ARCPOOL_REQUIRE_ARG(pointer);
+  nvtx::range range(nvtx::op::record_use, 0, stream);
   return guarded([&] {
     allocation* a = arcpool::detail::by_pointer_allocations().find(pointer);
     if (a == nullptr) {

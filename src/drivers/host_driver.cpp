@@ -179,14 +179,17 @@ class host_driver final : public driver {
     if (rounded < bytes) {
       return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes exceed the address space", bytes);
     }
-    uint64_t reserved = counters_->reserved.load();
-    do {
-      if (rounded > capacity_ || reserved > capacity_ - rounded) {
+    // Memory freed earlier on this stream is reusable by this allocation in stream order, as
+    // in a CUDA pool: when over capacity, let this stream's queued frees run, then retry once.
+    uint64_t reserved = 0;
+    if (!try_reserve(rounded, &reserved)) {
+      hs->synchronize();
+      if (!try_reserve(rounded, &reserved)) {
         return fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
                     "host pool: %zu bytes requested, %llu of %zu bytes reserved", bytes,
                     static_cast<unsigned long long>(reserved), capacity_);
       }
-    } while (!counters_->reserved.compare_exchange_weak(reserved, reserved + rounded));
+    }
     void* p = reserve_only_ ? reserve(rounded) : std::aligned_alloc(kHostAlignment, rounded);
     if (p == nullptr) {
       counters_->reserved.fetch_sub(rounded);
@@ -231,6 +234,16 @@ class host_driver final : public driver {
  private:
   static size_t round_up(size_t bytes) {
     return (std::max<size_t>(bytes, 1) + kHostAlignment - 1) & ~(kHostAlignment - 1);
+  }
+
+  /// Reserves `rounded` bytes of the simulated capacity; `*reserved` gets the total before.
+  bool try_reserve(size_t rounded, uint64_t* reserved) {
+    uint64_t now = counters_->reserved.load();
+    do {
+      *reserved = now;
+      if (rounded > capacity_ || now > capacity_ - rounded) return false;
+    } while (!counters_->reserved.compare_exchange_weak(now, now + rounded));
+    return true;
   }
 
   void update_peak(uint64_t value) {

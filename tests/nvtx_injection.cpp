@@ -1,0 +1,81 @@
+// A minimal NVTX tool, loaded by NVTX through NVTX_INJECTION64_PATH, that records the ranges of
+// the "arcpool" domain so that a test can check them without Nsight.
+#include <nvtx3/nvToolsExt.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+nvtxDomainHandle_t const kArcpoolDomain = reinterpret_cast<nvtxDomainHandle_t>(uintptr_t{0xA4C});
+
+std::mutex g_mutex;
+std::vector<std::string> g_messages;  // "category:payload:message" of every push
+std::atomic<int> g_pushes{0};
+std::atomic<int> g_pops{0};
+std::atomic<int> g_categories{0};
+
+nvtxDomainHandle_t NVTX_API domain_create(const char* name) {
+  return std::strcmp(name, "arcpool") == 0 ? kArcpoolDomain : nullptr;
+}
+
+void NVTX_API name_category(nvtxDomainHandle_t domain, uint32_t, const char*) {
+  if (domain == kArcpoolDomain) g_categories.fetch_add(1);
+}
+
+int NVTX_API range_push(nvtxDomainHandle_t domain, const nvtxEventAttributes_t* a) {
+  if (domain != kArcpoolDomain || a == nullptr) return 0;
+  std::string row = std::to_string(a->category) + ":" + std::to_string(a->payload.ullValue) + ":" +
+                    (a->messageType == NVTX_MESSAGE_TYPE_ASCII ? a->message.ascii : "");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_messages.push_back(row);
+  return g_pushes.fetch_add(1) + 1;
+}
+
+int NVTX_API range_pop(nvtxDomainHandle_t domain) {
+  if (domain != kArcpoolDomain) return 0;
+  return g_pops.fetch_add(1);
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) int InitializeInjectionNvtx2(
+    NvtxGetExportTableFunc_t get_export_table) {
+  const auto* callbacks =
+      static_cast<const NvtxExportTableCallbacks*>(get_export_table(NVTX_ETID_CALLBACKS));
+  if (callbacks == nullptr) return 0;
+  NvtxFunctionTable table = nullptr;
+  unsigned int size = 0;
+  if (!callbacks->GetModuleFunctionTable(NVTX_CB_MODULE_CORE2, &table, &size)) return 0;
+  *table[NVTX_CBID_CORE2_DomainCreateA] = reinterpret_cast<NvtxFunctionPointer>(&domain_create);
+  *table[NVTX_CBID_CORE2_DomainNameCategoryA] =
+      reinterpret_cast<NvtxFunctionPointer>(&name_category);
+  *table[NVTX_CBID_CORE2_DomainRangePushEx] = reinterpret_cast<NvtxFunctionPointer>(&range_push);
+  *table[NVTX_CBID_CORE2_DomainRangePop] = reinterpret_cast<NvtxFunctionPointer>(&range_pop);
+  return 1;
+}
+
+/// What the test reads back (looked up with dlsym).
+__attribute__((visibility("default"))) int arcpool_test_nvtx_pushes() {
+  return g_pushes.load();
+}
+__attribute__((visibility("default"))) int arcpool_test_nvtx_pops() {
+  return g_pops.load();
+}
+__attribute__((visibility("default"))) int arcpool_test_nvtx_categories() {
+  return g_categories.load();
+}
+__attribute__((visibility("default"))) int arcpool_test_nvtx_find(const char* needle) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  int n = 0;
+  for (const std::string& m : g_messages)
+    n += m.find(needle) != std::string::npos;
+  return n;
+}
+
+}  // extern "C"

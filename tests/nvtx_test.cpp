@@ -1,0 +1,68 @@
+// The NVTX ranges arrive at a tool: this test runs with NVTX_INJECTION64_PATH naming
+// tests/nvtx_injection.cpp's library, which counts the ranges of the "arcpool" domain.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+/// A function of the injected tool.
+template <class F>
+F tool_function(const char* name) {
+  const char* path = std::getenv("NVTX_INJECTION64_PATH");
+  if (path == nullptr) return nullptr;
+  void* library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  return library == nullptr ? nullptr : reinterpret_cast<F>(dlsym(library, name));
+}
+
+TEST(Nvtx, EveryPublicOperationOpensARangeInTheArcpoolDomain) {
+  if (std::getenv("NVTX_INJECTION64_PATH") == nullptr) {
+    GTEST_SKIP() << "run through CTest: NVTX_INJECTION64_PATH must name the test tool";
+  }
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_HOST;
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
+  arcpool_stream_t a = nullptr;
+  arcpool_stream_t b = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &a));
+  ASSERT_OK(arcpool_stream_create(alloc, &b));
+
+  // NVTX loads the tool at arcpool's first range, in the first operation below.
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc, 12345, 0, a, 0, &h));  // 1
+  ASSERT_OK(arcpool_allocation_preserve(h));                     // 2
+  ASSERT_OK(arcpool_allocation_discard(h, nullptr));             // 3
+  ASSERT_OK(arcpool_record_use(h, b));                           // 4
+  ASSERT_OK(arcpool_transfer(h, b));                             // 5
+  ASSERT_OK(arcpool_deallocate_async(h, b, 0));                  // 6
+  arcpool_allocation_release(h);
+  ASSERT_OK(arcpool_allocator_trim(alloc, 0));  // 7
+
+  auto pushes = tool_function<int (*)()>("arcpool_test_nvtx_pushes");
+  auto pops = tool_function<int (*)()>("arcpool_test_nvtx_pops");
+  auto categories = tool_function<int (*)()>("arcpool_test_nvtx_categories");
+  auto find = tool_function<int (*)(const char*)>("arcpool_test_nvtx_find");
+  ASSERT_NE(nullptr, pushes) << "the NVTX tool was not loaded";
+  ASSERT_NE(nullptr, find);
+  EXPECT_EQ(7, pushes());
+  EXPECT_EQ(pushes(), pops()) << "every range is closed";
+  EXPECT_EQ(10, categories()) << "one category per kind of operation";
+  EXPECT_EQ(1, find(":12345:allocate 12345 B stream")) << "size in the payload and message";
+  EXPECT_EQ(1, find("transfer 12345 B stream"));
+  EXPECT_EQ(1, find("record_use"));
+  EXPECT_EQ(1, find("deallocate"));
+
+  ASSERT_OK(arcpool_stream_destroy(alloc, a));
+  ASSERT_OK(arcpool_stream_destroy(alloc, b));
+  arcpool_allocator_destroy(alloc);
+}
+
+}  // namespace
+}  // namespace arcpool::test
