@@ -68,6 +68,7 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
       events_(*driver_, config.event_pool_capacity),
       reclaimer_(*driver_, stats_, config.before_free, config.before_free_user_data) {
   // A hard limit is enforced on the exact total of held bytes.
+  hard_limit_.store(config_.hard_limit_bytes, std::memory_order_relaxed);
   if (config_.hard_limit_bytes != 0) stats_.bytes_held.set_flush_threshold(0);
 }
 
@@ -314,11 +315,9 @@ arcpool_status_t allocator::wait_all(stream_handle s, const fence_list& fences) 
 // Allocation
 
 arcpool_status_t allocator::try_pool_allocate(size_t bytes, const stream_ref& s, void** out) {
-  if (config_.hard_limit_bytes != 0) {
-    if (!stats_.bytes_held.try_add(static_cast<int64_t>(bytes),
-                                   static_cast<int64_t>(config_.hard_limit_bytes))) {
-      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached",
-                  config_.hard_limit_bytes);
+  if (const size_t limit = hard_limit_.load(std::memory_order_relaxed); limit != 0) {
+    if (!stats_.bytes_held.try_add(static_cast<int64_t>(bytes), static_cast<int64_t>(limit))) {
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached", limit);
     }
   } else {
     stats_.bytes_held.add(bytes);
@@ -353,7 +352,8 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, c
               static_cast<unsigned long long>(stats_.bytes_held.current()),
               static_cast<unsigned long long>(stats_.bytes_pending_free.current()),
               static_cast<unsigned long long>(pool.reserved_current),
-              static_cast<unsigned long long>(pool.used_current), config_.hard_limit_bytes);
+              static_cast<unsigned long long>(pool.used_current),
+              hard_limit_.load(std::memory_order_relaxed));
 }
 
 arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,

@@ -74,6 +74,19 @@ class allocator {
   /// R reached 0: frees the record, and the memory where DESIGN.md §3 says so.
   void on_last_reference(allocation* a) noexcept;
 
+  // --- By pointer (frameworks, memory resources), by_pointer.cpp ------------------------
+  /// Allocates and records the allocation by its data pointer (null for zero bytes).
+  arcpool_status_t malloc_by_pointer(size_t size, size_t alignment, stream_handle s, void** out);
+  /// Deallocates the by-pointer allocation containing `p` on `s`. `device` < 0: any device.
+  static arcpool_status_t free_by_pointer(void* p, stream_handle s, int device);
+  /// Sets the hard limit on held bytes (0: none).
+  void set_hard_limit(size_t bytes);
+
+  // --- Callers that pass no stream, by_pointer.cpp --------------------------------------
+  arcpool_status_t set_ambient(arcpool_ambient_policy_t policy, stream_handle s);
+  arcpool_status_t ambient_malloc(size_t size, void** out);
+  arcpool_status_t ambient_free(void* p);
+
   /// Completes pending reclaims, then trims the pool to `keep_bytes`.
   arcpool_status_t trim(size_t keep_bytes);
 
@@ -134,10 +147,14 @@ class allocator {
   /// The status (with message) of an ownership transition that did not happen.
   arcpool_status_t ownership_failure(const allocation& a, ownership_result r, const char* what);
 
+  /// The stream a stream-less call uses, and whether it must synchronize (under ambient_mutex_).
+  arcpool_status_t ambient_stream(stream_handle* out, bool* synchronize);
+
   refcount refs_{1};
   sharded_counter records_;           ///< live allocation records, per thread shard
   std::atomic<bool> closing_{false};  ///< no handle left
   const allocator_config config_;
+  std::atomic<size_t> hard_limit_;  ///< bytes; 0: none (set_hard_limit changes it)
   const std::unique_ptr<driver> driver_;
   stats stats_;
   event_pool events_;
@@ -145,6 +162,10 @@ class allocator {
   reclaimer reclaimer_;
   block_cache legacy_cache_;  ///< the legacy default stream's fast path
   allocation_log log_;
+  std::mutex ambient_mutex_;
+  arcpool_ambient_policy_t ambient_policy_ = ARCPOOL_AMBIENT_LEGACY_DEFAULT;
+  stream_handle ambient_bound_ = nullptr;
+  stream_handle ambient_own_ = nullptr;  ///< created on first use by ARCPOOL_AMBIENT_SYNCHRONIZE
 };
 
 /// The C handle of an allocator is the allocator itself (arcpool_allocator is never defined).

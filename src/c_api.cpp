@@ -389,11 +389,7 @@ void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
   guarded([&] {
     arcpool::detail::allocator* a = nullptr;
     ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a));
-    allocation* record = nullptr;
-    ARCPOOL_RETURN_IF_ERROR(a->allocate(size, 0, stream, 0, &record));
-    arcpool::detail::by_pointer_allocations().insert(record);
-    data = record->placement.data;
-    return ARCPOOL_STATUS_SUCCESS;
+    return a->malloc_by_pointer(size, 0, stream, &data);
   });
   return data;
 }
@@ -401,27 +397,7 @@ void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
 arcpool_status_t arcpool_free_async(void* pointer, size_t, int device, arcpool_stream_t stream) {
   if (pointer == nullptr) return ARCPOOL_STATUS_SUCCESS;
   nvtx::range range(nvtx::op::deallocate, 0, stream);
-  return guarded([&] {
-    auto& map = arcpool::detail::by_pointer_allocations();
-    allocation* a = map.find(pointer);
-    if (a == nullptr) {
-      return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
-                  "free of %p: no live by-pointer allocation contains it (never allocated by "
-                  "arcpool_malloc_async, or already freed)",
-                  pointer);
-    }
-    arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
-    if (a->owner.drv().device() != device) {
-      status = fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "free of %p on device %d: %s is on device %d",
-                    pointer, device, a->describe().c_str(), a->owner.drv().device());
-    } else {
-      status = a->owner.deallocate(*a, stream, 0);
-    }
-    // Only the deallocation that succeeded drops the map's reference.
-    if (status == ARCPOOL_STATUS_SUCCESS && map.erase(a)) a->release();
-    a->release();
-    return status;
-  });
+  return guarded([&] { return allocator::free_by_pointer(pointer, stream, device); });
 }
 
 arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
@@ -437,6 +413,63 @@ arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
     a->release();
     return status;
   });
+}
+
+arcpool_status_t arcpool_allocator_malloc_async(arcpool_allocator_t* allocator, size_t size,
+                                                size_t alignment, arcpool_stream_t stream,
+                                                void** out_pointer) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_pointer);
+  nvtx::range range(nvtx::op::allocate, size, stream);
+  return guarded([&] {
+    return from_handle(allocator)->malloc_by_pointer(size, alignment, stream, out_pointer);
+  });
+}
+
+arcpool_status_t arcpool_allocator_free_async(arcpool_allocator_t* allocator, void* pointer,
+                                              arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  nvtx::range range(nvtx::op::deallocate, 0, stream);
+  return guarded([&] { return allocator::free_by_pointer(pointer, stream, -1); });
+}
+
+arcpool_status_t arcpool_allocator_set_hard_limit(arcpool_allocator_t* allocator, size_t bytes) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  from_handle(allocator)->set_hard_limit(bytes);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t arcpool_allocator_device_memory(const arcpool_allocator_t* allocator,
+                                                 size_t* out_bytes) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_bytes);
+  return guarded([&] { return from_handle(allocator)->drv().device_memory(out_bytes); });
+}
+
+arcpool_status_t arcpool_allocator_set_ambient_stream(arcpool_allocator_t* allocator,
+                                                      arcpool_ambient_policy_t policy,
+                                                      arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  int raw = 0;
+  std::memcpy(&raw, &policy, sizeof(raw));  // a C caller may pass any integer
+  if (raw < ARCPOOL_AMBIENT_LEGACY_DEFAULT || raw > ARCPOOL_AMBIENT_SYNCHRONIZE) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "ambient policy %d", raw);
+  }
+  return guarded([&] { return from_handle(allocator)->set_ambient(policy, stream); });
+}
+
+arcpool_status_t arcpool_ambient_malloc(arcpool_allocator_t* allocator, size_t size,
+                                        void** out_pointer) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_pointer);
+  nvtx::range range(nvtx::op::allocate, size, nullptr);
+  return guarded([&] { return from_handle(allocator)->ambient_malloc(size, out_pointer); });
+}
+
+arcpool_status_t arcpool_ambient_free(arcpool_allocator_t* allocator, void* pointer) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  nvtx::range range(nvtx::op::deallocate, 0, nullptr);
+  return guarded([&] { return from_handle(allocator)->ambient_free(pointer); });
 }
 
 // --- Statistics ------------------------------------------------------------------------------

@@ -85,10 +85,11 @@ class sharded_gauge {
  public:
   explicit sharded_gauge(int64_t flush_threshold = 0) : threshold_(flush_threshold) {}
 
-  void set_flush_threshold(int64_t t) noexcept { threshold_ = t; }
+  void set_flush_threshold(int64_t t) noexcept { threshold_.store(t, std::memory_order_relaxed); }
 
   void add(int64_t n) noexcept {
-    if (threshold_ == 0) {
+    const int64_t threshold = threshold_.load(std::memory_order_relaxed);
+    if (threshold == 0) {
       raise_peak(total_.fetch_add(n, std::memory_order_relaxed) + n);
       return;
     }
@@ -96,7 +97,7 @@ class sharded_gauge {
     auto& pending = pending_[s.index].value;
     shard_add(pending, n, s.exclusive);
     const int64_t v = pending.load(std::memory_order_relaxed);
-    if (v > threshold_ || v < -threshold_) {
+    if (v > threshold || v < -threshold) {
       const int64_t taken = pending.exchange(0, std::memory_order_relaxed);
       raise_peak(total_.fetch_add(taken, std::memory_order_relaxed) + taken);
     }
@@ -133,7 +134,7 @@ class sharded_gauge {
     }
   }
 
-  int64_t threshold_;
+  std::atomic<int64_t> threshold_;
   padded<std::atomic<int64_t>> pending_[kShards];
   alignas(64) std::atomic<int64_t> total_{0};
   std::atomic<int64_t> peak_{0};

@@ -558,6 +558,65 @@ ARCPOOL_API arcpool_status_t arcpool_free_async(void* pointer, size_t size, int 
  * device's default allocator. UNKNOWN_POINTER if none contains it. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream);
 
+/**
+ * By-pointer allocation on a given allocator (what a memory resource needs): allocates like
+ * arcpool_allocate_async and returns the data pointer, which arcpool_allocator_free_async or the
+ * raw-pointer entry points free. `*out_pointer` is NULL for zero bytes. Never blocks (except on
+ * the out-of-memory path).
+ */
+ARCPOOL_API arcpool_status_t arcpool_allocator_malloc_async(arcpool_allocator_t* allocator,
+                                                            size_t size, size_t alignment,
+                                                            arcpool_stream_t stream,
+                                                            void** out_pointer);
+
+/** Deallocates the by-pointer allocation containing `pointer` on `stream` (as
+ * arcpool_free_async, on any allocator). NULL is a no-op. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocator_free_async(arcpool_allocator_t* allocator,
+                                                          void* pointer, arcpool_stream_t stream);
+
+/** Sets the allocator's hard limit on held bytes (0: none), e.g. a framework's memory
+ * fraction. Allocations already made are kept; later ones fail with OUT_OF_MEMORY beyond it.
+ * Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocator_set_hard_limit(arcpool_allocator_t* allocator,
+                                                              size_t bytes);
+
+/** Writes the device's total memory in bytes (the simulated capacity on the host driver). */
+ARCPOOL_API arcpool_status_t arcpool_allocator_device_memory(const arcpool_allocator_t* allocator,
+                                                             size_t* out_bytes);
+
+/* ----------------------------------------------------------------------------------------- */
+/* Callers that pass no stream                                                                 */
+/* ----------------------------------------------------------------------------------------- */
+
+/** What a stream-less caller's allocation is ordered with (CuPy's C hook, Numba, ONNX
+ * Runtime's OrtAllocator). */
+typedef enum arcpool_ambient_policy_t {
+  /** The legacy default stream (default): ordered with every blocking stream, as cudaMalloc
+   * users expect from the legacy stream. */
+  ARCPOOL_AMBIENT_LEGACY_DEFAULT = 0,
+  /** One stream bound with arcpool_allocator_set_ambient_stream: for callers that do all their
+   * work there. */
+  ARCPOOL_AMBIENT_BOUND_STREAM = 1,
+  /** Allocate on arcpool's own stream and synchronize it before returning; free after a device
+   * synchronization: the memory behaves as cudaMalloc's does, usable on any stream. Blocks. */
+  ARCPOOL_AMBIENT_SYNCHRONIZE = 2
+} arcpool_ambient_policy_t;
+
+/** Selects the ambient policy of `allocator` (`stream`: the bound stream for
+ * ARCPOOL_AMBIENT_BOUND_STREAM, ignored otherwise). Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocator_set_ambient_stream(arcpool_allocator_t* allocator,
+                                                                  arcpool_ambient_policy_t policy,
+                                                                  arcpool_stream_t stream);
+
+/** Allocates for a caller that passes no stream, by the allocator's ambient policy. Blocks only
+ * under ARCPOOL_AMBIENT_SYNCHRONIZE. */
+ARCPOOL_API arcpool_status_t arcpool_ambient_malloc(arcpool_allocator_t* allocator, size_t size,
+                                                    void** out_pointer);
+
+/** Frees memory from arcpool_ambient_malloc, by the allocator's ambient policy. Blocks only
+ * under ARCPOOL_AMBIENT_SYNCHRONIZE. */
+ARCPOOL_API arcpool_status_t arcpool_ambient_free(arcpool_allocator_t* allocator, void* pointer);
+
 /* ----------------------------------------------------------------------------------------- */
 /* Allocation log                                                                              */
 /* ----------------------------------------------------------------------------------------- */

@@ -211,6 +211,19 @@ class cuda_driver final : public driver {
     return f;
   }
 
+  arcpool_status_t device_memory(size_t* out) override {
+    if (process_exiting()) return exiting("cudaMemGetInfo");
+    device_guard guard(device_);
+    size_t free_bytes = 0;
+    return check(cudaMemGetInfo(&free_bytes, out), "cudaMemGetInfo");
+  }
+
+  arcpool_status_t device_synchronize() override {
+    if (process_exiting()) return exiting("cudaDeviceSynchronize");
+    device_guard guard(device_);
+    return check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
   void enter_reclaim_thread() noexcept override {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);

@@ -104,6 +104,10 @@ class driver {
   virtual arcpool_status_t pool_trim(size_t keep_bytes) = 0;
   /// The pool's figures.
   virtual pool_figures pool_query() = 0;
+  /// The device's total memory (host driver: the simulated capacity).
+  virtual arcpool_status_t device_memory(size_t* out) = 0;
+  /// Blocks until all work on the device has completed (host driver: every host stream).
+  virtual arcpool_status_t device_synchronize() = 0;
 
   // --- Threads ---------------------------------------------------------------------------
   /// Prepares the calling thread to be arcpool's reclaim worker (CUDA: relaxed capture mode,

@@ -227,6 +227,18 @@ class host_driver final : public driver {
     return f;
   }
 
+  arcpool_status_t device_memory(size_t* out) override {
+    ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work("device_memory"));
+    *out = capacity_;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t device_synchronize() override {
+    ARCPOOL_RETURN_IF_ERROR(check_not_in_host_work("device_synchronize"));
+    host_synchronize_all();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
   void enter_reclaim_thread() noexcept override {}
 
   void inject_sticky_error() { sticky_error_.store(true); }

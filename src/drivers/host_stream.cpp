@@ -54,6 +54,15 @@ class stream_table {
     return true;
   }
 
+  std::vector<std::shared_ptr<host_stream>> all_live() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::shared_ptr<host_stream>> all;
+    for (auto& [handle, s] : streams_)
+      all.push_back(s);
+    if (legacy_) all.push_back(legacy_);
+    return all;
+  }
+
   void retire(std::shared_ptr<host_stream> s) {
     std::lock_guard<std::mutex> lock(mutex_);
     retire_locked(std::move(s));
@@ -205,6 +214,11 @@ stream_handle host_stream_create() {
 
 bool host_stream_destroy(stream_handle s) {
   return stream_table::instance().destroy(s);
+}
+
+void host_synchronize_all() {
+  for (auto& s : stream_table::instance().all_live())
+    s->synchronize();
 }
 
 }  // namespace arcpool::detail

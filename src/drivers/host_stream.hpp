@@ -100,4 +100,7 @@ stream_handle host_stream_create();
 /// Closes and forgets the stream; queued work still runs. False for an unknown handle.
 bool host_stream_destroy(stream_handle s);
 
+/// Blocks until every host stream of the process has run everything queued so far.
+void host_synchronize_all();
+
 }  // namespace arcpool::detail

@@ -93,6 +93,11 @@ class null_driver final : public driver {
     f.used_current = f.reserved_current = static_cast<uint64_t>(used_.sum());
     return f;
   }
+  arcpool_status_t device_memory(size_t* out) override {
+    *out = size_t{1} << 40;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+  arcpool_status_t device_synchronize() override { return ARCPOOL_STATUS_SUCCESS; }
   void enter_reclaim_thread() noexcept override {}
 
  private:

@@ -1,0 +1,110 @@
+// arcpool as a CCCL memory resource and as a Thrust allocator: anything that takes a
+// cuda::mr::async_resource_ref (RMM's resource refs among them), thrust::cuda::par_nosync(alloc)
+// and CUB temporary storage can allocate from arcpool, stream-ordered.
+//
+// With the CCCL of CUDA 13.0 (CCCL 3.0) the concept is cuda::mr::async_resource, behind
+// LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE, which this header defines when the includer
+// did not. Newer CCCL renames it to a stream-first cuda::mr::resource; the adapter below is a
+// few forwarding members, so that it can follow. Host-only: no nvcc needed.
+#pragma once
+
+#ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+#define LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+#endif
+
+#include <cuda/memory_resource>
+#include <cuda/stream_ref>
+
+#include <cstddef>
+
+#include "arcpool/arcpool.hpp"
+
+namespace arcpool {
+
+/// A CCCL memory resource allocating from one arcpool allocator (borrowed: it must outlive the
+/// resource and every allocation made through it). Copies compare equal when they share the
+/// allocator. Pointers it returns are by-pointer allocations (arcpool_allocator_malloc_async).
+class memory_resource {
+ public:
+  explicit memory_resource(arcpool_allocator_t* allocator) noexcept : allocator_(allocator) {}
+
+  /// Stream-ordered: usable by work queued on `stream` after the call. Never blocks (except
+  /// when out of memory). Throws out_of_memory / error.
+  void* allocate_async(size_t bytes, size_t alignment, ::cuda::stream_ref stream) {
+    void* p = nullptr;
+    detail::check(
+        arcpool_allocator_malloc_async(allocator_, bytes, alignment, to_stream(stream), &p));
+    return p;
+  }
+
+  /// Stream-ordered free after the work queued on `stream`. Never throws; never blocks.
+  void deallocate_async(void* p, size_t, size_t, ::cuda::stream_ref stream) noexcept {
+    arcpool_allocator_free_async(allocator_, p, to_stream(stream));
+  }
+
+  /// Synchronous form: allocates on the legacy default stream and waits for it. Blocks.
+  void* allocate(size_t bytes, size_t alignment) {
+    void* p = allocate_async(bytes, alignment, ::cuda::stream_ref{cudaStream_t{}});
+    detail::check(arcpool_stream_synchronize(allocator_, nullptr));
+    return p;
+  }
+
+  /// Synchronous form: frees on the legacy default stream after its work. Blocks until it ran.
+  void deallocate(void* p, size_t bytes, size_t alignment) noexcept {
+    deallocate_async(p, bytes, alignment, ::cuda::stream_ref{cudaStream_t{}});
+    arcpool_stream_synchronize(allocator_, nullptr);
+  }
+
+  bool operator==(const memory_resource& other) const noexcept {
+    return allocator_ == other.allocator_;
+  }
+  bool operator!=(const memory_resource& other) const noexcept { return !(*this == other); }
+
+  /// The memory is device memory.
+  friend void get_property(const memory_resource&, ::cuda::mr::device_accessible) noexcept {}
+
+  /// The allocator (borrowed).
+  arcpool_allocator_t* allocator() const noexcept { return allocator_; }
+
+ private:
+  static arcpool_stream_t to_stream(::cuda::stream_ref s) noexcept {
+    return reinterpret_cast<arcpool_stream_t>(s.get());
+  }
+
+  arcpool_allocator_t* allocator_;
+};
+
+static_assert(::cuda::mr::async_resource_with<memory_resource, ::cuda::mr::device_accessible>,
+              "arcpool::memory_resource must satisfy CCCL's async_resource concept");
+
+/// A Thrust allocator taking temporaries from arcpool on one stream:
+///   thrust::sort(thrust::cuda::par_nosync(arcpool::thrust_allocator(alloc, s)).on(s), ...)
+/// Allocations and frees are stream-ordered on `stream`, the stream the algorithm runs on.
+class thrust_allocator {
+ public:
+  using value_type = char;
+
+  thrust_allocator(arcpool_allocator_t* allocator, arcpool_stream_t stream) noexcept
+      : allocator_(allocator), stream_(stream) {}
+
+  /// Never blocks (except when out of memory). Throws out_of_memory.
+  char* allocate(std::ptrdiff_t bytes) {
+    void* p = nullptr;
+    detail::check(
+        arcpool_allocator_malloc_async(allocator_, static_cast<size_t>(bytes), 0, stream_, &p));
+    return static_cast<char*>(p);
+  }
+
+  /// Stream-ordered on the allocator's stream. Never throws.
+  void deallocate(char* p, size_t) noexcept {
+    arcpool_allocator_free_async(allocator_, p, stream_);
+  }
+
+  arcpool_stream_t stream() const noexcept { return stream_; }
+
+ private:
+  arcpool_allocator_t* allocator_;
+  arcpool_stream_t stream_;
+};
+
+}  // namespace arcpool

@@ -1,0 +1,96 @@
+// By-pointer allocation (frameworks, memory resources) and the ambient-stream policy of callers
+// that pass no stream.
+#include "allocator.hpp"
+#include "pointer_map.hpp"
+#include "status.hpp"
+
+namespace arcpool::detail {
+
+arcpool_status_t allocator::malloc_by_pointer(size_t size, size_t alignment, stream_handle s,
+                                              void** out) {
+  allocation* record = nullptr;
+  ARCPOOL_RETURN_IF_ERROR(allocate(size, alignment, s, 0, &record));
+  if (size == 0) {  // nothing to free later: no record kept
+    const arcpool_status_t status = deallocate(*record, s, 0);
+    record->release();
+    *out = nullptr;
+    return status;
+  }
+  by_pointer_allocations().insert(record);  // the map keeps the claim and the reference
+  *out = record->placement.data;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device) {
+  if (p == nullptr) return ARCPOOL_STATUS_SUCCESS;
+  pointer_map& map = by_pointer_allocations();
+  allocation* a = map.find(p);
+  if (a == nullptr) {
+    return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
+                "free of %p: no live by-pointer allocation contains it (never allocated by "
+                "pointer, or already freed)",
+                p);
+  }
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  if (device >= 0 && a->owner.drv().device() != device) {
+    status = fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "free of %p on device %d: %s is on device %d", p,
+                  device, a->describe().c_str(), a->owner.drv().device());
+  } else {
+    status = a->owner.deallocate(*a, s, 0);
+  }
+  // Only the deallocation that succeeded drops the map's reference.
+  if (status == ARCPOOL_STATUS_SUCCESS && map.erase(a)) a->release();
+  a->release();
+  return status;
+}
+
+void allocator::set_hard_limit(size_t bytes) {
+  // From now on the held-bytes gauge is exact (changes already pending in other threads'
+  // shards, at most 1 MiB each, are counted when they flush).
+  if (bytes != 0) stats_.bytes_held.set_flush_threshold(0);
+  hard_limit_.store(bytes, std::memory_order_relaxed);
+}
+
+arcpool_status_t allocator::set_ambient(arcpool_ambient_policy_t policy, stream_handle s) {
+  std::lock_guard<std::mutex> lock(ambient_mutex_);
+  ambient_policy_ = policy;
+  ambient_bound_ = s;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::ambient_stream(stream_handle* out, bool* synchronize) {
+  std::lock_guard<std::mutex> lock(ambient_mutex_);
+  *synchronize = ambient_policy_ == ARCPOOL_AMBIENT_SYNCHRONIZE;
+  switch (ambient_policy_) {
+    case ARCPOOL_AMBIENT_BOUND_STREAM:
+      *out = ambient_bound_;
+      return ARCPOOL_STATUS_SUCCESS;
+    case ARCPOOL_AMBIENT_SYNCHRONIZE:
+      if (ambient_own_ == nullptr) ARCPOOL_RETURN_IF_ERROR(create_stream(&ambient_own_));
+      *out = ambient_own_;
+      return ARCPOOL_STATUS_SUCCESS;
+    default:
+      *out = legacy_default_stream();
+      return ARCPOOL_STATUS_SUCCESS;
+  }
+}
+
+arcpool_status_t allocator::ambient_malloc(size_t size, void** out) {
+  stream_handle s = nullptr;
+  bool synchronize = false;
+  ARCPOOL_RETURN_IF_ERROR(ambient_stream(&s, &synchronize));
+  ARCPOOL_RETURN_IF_ERROR(malloc_by_pointer(size, 0, s, out));
+  // Usable on any stream once the allocation itself has run.
+  return synchronize ? driver_->stream_synchronize(s) : ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::ambient_free(void* p) {
+  stream_handle s = nullptr;
+  bool synchronize = false;
+  ARCPOOL_RETURN_IF_ERROR(ambient_stream(&s, &synchronize));
+  // As cudaFree: whatever stream still uses the memory has finished first.
+  if (synchronize) ARCPOOL_RETURN_IF_ERROR(driver_->device_synchronize());
+  return free_by_pointer(p, s, -1);
+}
+
+}  // namespace arcpool::detail
