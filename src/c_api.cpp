@@ -80,6 +80,10 @@ const char* arcpool_driver_name(arcpool_driver_kind_t kind) {
   return "unknown";
 }
 
+arcpool_driver_kind_t arcpool_auto_driver(int device) {
+  return arcpool::detail::resolve_auto_driver(device);
+}
+
 // --- Allocators ------------------------------------------------------------------------------
 
 arcpool_status_t arcpool_allocator_create(const arcpool_allocator_options_t* options,

@@ -117,6 +117,11 @@ typedef enum arcpool_driver_kind_t {
 /** Returns "auto", "cuda", "host" or "null". Thread-safe; never blocks; never NULL. */
 ARCPOOL_API const char* arcpool_driver_name(arcpool_driver_kind_t kind);
 
+/** The driver ARCPOOL_DRIVER_AUTO resolves to for `device` (ARCPOOL_DRIVER first, then CUDA if
+ * a device is usable, else host), without creating anything. May initialize the CUDA
+ * runtime. */
+ARCPOOL_API arcpool_driver_kind_t arcpool_auto_driver(int device);
+
 /** Where an allocator's cudaMemPool_t comes from. */
 typedef enum arcpool_pool_source_t {
   /** arcpool creates and owns the pool (default); its settings are the options below. */

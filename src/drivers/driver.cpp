@@ -6,6 +6,16 @@
 
 namespace arcpool::detail {
 
+arcpool_driver_kind_t resolve_auto_driver(int device) {
+  if (const char* env = std::getenv("ARCPOOL_DRIVER"); env != nullptr && *env != '\0') {
+    if (std::strcmp(env, "cuda") == 0) return ARCPOOL_DRIVER_CUDA;
+    if (std::strcmp(env, "host") == 0) return ARCPOOL_DRIVER_HOST;
+    return ARCPOOL_DRIVER_AUTO;
+  }
+  std::string why;
+  return cuda_device_usable(device, &why) ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
+}
+
 arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver>* out) {
   arcpool_driver_kind_t kind = config.kind;
   bool from_environment = false;

@@ -115,6 +115,10 @@ class driver {
   virtual void enter_reclaim_thread() noexcept = 0;
 };
 
+/// What AUTO resolves to for `device`: ARCPOOL_DRIVER if set (ARCPOOL_DRIVER_AUTO when it names
+/// no driver), else CUDA when usable, else host.
+arcpool_driver_kind_t resolve_auto_driver(int device);
+
 /// Resolves AUTO (and ARCPOOL_DRIVER) and creates the driver `config` asks for.
 arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver>* out);
 

@@ -1,0 +1,81 @@
+"""arcpool: a stream-ordered, ownership-tracked CUDA device-memory allocator.
+
+    import arcpool
+    arcpool.DRIVER            # the driver arcpool would use here: "cuda" or "host"
+    arcpool.stats()           # statistics of device 0's default allocator
+    arcpool.torch.install()   # PyTorch's allocator (before the first CUDA tensor)
+    arcpool.cupy.install()    # CuPy's allocator
+
+Bindings are ctypes over libarcpool (no compiled extension); ARCPOOL_LIBRARY_DIR names the
+folder holding libarcpool.so.0 if it is not found next to the package or in a build tree.
+"""
+import json
+
+from . import _lib
+from ._lib import ArcpoolError, default_allocator
+
+__all__ = ["DRIVER", "VERSION", "ArcpoolError", "driver", "stats", "reset_peak_stats",
+           "empty_cache", "default_allocator"]
+
+VERSION = _lib.lib.arcpool_version()
+
+
+def driver(device=0):
+    """The driver ARCPOOL_DRIVER_AUTO resolves to for `device` ("cuda", "host"), without
+    creating an allocator."""
+    return _lib.lib.arcpool_driver_name(_lib.lib.arcpool_auto_driver(device)).decode()
+
+
+DRIVER = driver()
+
+# Keys shared with torch.cuda.memory_stats() where the meaning is the same; every arcpool
+# figure is also given under "arcpool.<name>".
+_TORCH_KEYS = {
+    "allocated_bytes.all.current": "bytes_in_use_current",
+    "allocated_bytes.all.peak": "bytes_in_use_peak",
+    "reserved_bytes.all.current": "pool_reserved_bytes_current",
+    "reserved_bytes.all.peak": "pool_reserved_bytes_peak",
+    "allocation.all.current": "allocations_in_use_current",
+    "allocation.all.peak": "allocations_in_use_peak",
+    "allocation.all.allocated": "allocations",
+    "allocation.all.freed": "deallocations",
+    "num_alloc_retries": "oom_retries",
+    "num_ooms": "oom_failures",
+}
+
+
+def stats(device=0):
+    """Statistics of `device`'s default allocator: torch.cuda.memory_stats()-style keys where the
+    meaning is the same (PyTorch cannot see a pluggable allocator's), plus every arcpool figure
+    as "arcpool.<name>"."""
+    handle = default_allocator(device)
+    length = _lib.ctypes.c_size_t()
+    _lib.check(_lib.lib.arcpool_stats_json(handle, None, 0, _lib.ctypes.byref(length)),
+               "arcpool_stats_json")
+    buffer = _lib.ctypes.create_string_buffer(length.value + 1)
+    _lib.check(_lib.lib.arcpool_stats_json(handle, buffer, len(buffer), None),
+               "arcpool_stats_json")
+    raw = json.loads(buffer.value.decode())
+    result = {key: raw[name] for key, name in _TORCH_KEYS.items()}
+    result.update({"arcpool." + name: value for name, value in raw.items()})
+    return result
+
+
+def reset_peak_stats(device=0):
+    """Resets every peak of `device`'s default allocator to its current value."""
+    _lib.check(_lib.lib.arcpool_stats_reset_peaks(default_allocator(device)),
+               "arcpool_stats_reset_peaks")
+
+
+def empty_cache(device=0):
+    """Gives back what `device`'s default allocator holds but does not use. Blocks."""
+    _lib.check(_lib.lib.arcpool_allocator_trim(default_allocator(device), 0),
+               "arcpool_allocator_trim")
+
+
+def __getattr__(name):  # arcpool.torch / arcpool.cupy load lazily: importing them needs torch/cupy
+    if name in ("torch", "cupy"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(name)

@@ -1,0 +1,52 @@
+"""arcpool as CuPy's allocator: allocations and frees on CuPy's current stream.
+
+    import arcpool.cupy
+    arcpool.cupy.install()
+
+CuPy's allocator hook passes no stream; this one reads CuPy's current stream on every call, so
+memory is stream-ordered the way CuPy's own MemoryAsyncPool is. Callers that cannot read a
+stream use the ambient-stream policy of the C API (arcpool_allocator_set_ambient_stream).
+"""
+from . import _lib
+
+_installed = None
+
+
+class _Block:
+    """Owns one arcpool allocation; frees it on CuPy's then-current stream when it dies."""
+
+    def __init__(self, cupy, pointer, size, device):
+        self._cupy, self.pointer, self.size, self.device = cupy, pointer, size, device
+
+    def __del__(self):
+        stream = self._cupy.cuda.get_current_stream().ptr
+        _lib.lib.arcpool_free_async(self.pointer, self.size, self.device, stream)
+
+
+def install():
+    """Makes arcpool CuPy's allocator (cupy.cuda.set_allocator). Returns the malloc function."""
+    global _installed
+    import cupy
+
+    def malloc(size):
+        device = cupy.cuda.Device().id
+        if size == 0:
+            return cupy.cuda.memory.MemoryPointer(cupy.cuda.memory.UnownedMemory(0, 0, None), 0)
+        stream = cupy.cuda.get_current_stream().ptr
+        pointer = _lib.lib.arcpool_malloc_async(size, device, stream)
+        if not pointer:
+            raise MemoryError("arcpool: " + _lib.lib.arcpool_last_error().decode())
+        block = _Block(cupy, pointer, size, device)
+        return cupy.cuda.memory.MemoryPointer(
+            cupy.cuda.memory.UnownedMemory(pointer, size, block, device), 0)
+
+    cupy.cuda.set_allocator(malloc)
+    _installed = malloc
+    return malloc
+
+
+def stats(device=0):
+    """arcpool's statistics (see arcpool.stats)."""
+    from . import stats as arcpool_stats
+
+    return arcpool_stats(device)

@@ -1,0 +1,86 @@
+// libarcpool_torch: the exact C signatures PyTorch's CUDAPluggableAllocator calls, plus the
+// hooks it accepts as C function pointers (record-stream, empty-cache, memory-fraction, init),
+// served by arcpool's per-device default allocators. Loaded by arcpool.torch.install().
+//
+// A failure PyTorch must see (out of memory; a stream capturing a CUDA graph, which arcpool
+// does not support yet) is thrown as std::runtime_error carrying arcpool's message: PyTorch
+// calls these through std::function, and its Python binding turns the exception into a
+// RuntimeError with that message, never a mysterious out-of-memory.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "arcpool/arcpool.h"
+
+#define ARCPOOL_TORCH_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+[[noreturn]] void raise(const char* what) {
+  throw std::runtime_error(std::string("arcpool: ") + what + ": " + arcpool_last_error());
+}
+
+int g_device_count = 0;
+
+int device_count() {
+  if (g_device_count == 0 && cudaGetDeviceCount(&g_device_count) != cudaSuccess) {
+    cudaGetLastError();
+    g_device_count = 1;
+  }
+  return g_device_count;
+}
+
+}  // namespace
+
+/// PyTorch's alloc: void* (size_t size, int device, cudaStream_t stream).
+ARCPOOL_TORCH_API void* arcpool_torch_malloc(size_t size, int device, cudaStream_t stream) {
+  if (size == 0) return nullptr;
+  void* p = arcpool_malloc_async(size, device, reinterpret_cast<arcpool_stream_t>(stream));
+  if (p == nullptr) raise("allocation failed");
+  return p;
+}
+
+/// PyTorch's free: void (void* ptr, size_t size, int device, cudaStream_t stream); the stream
+/// is the one the block was allocated on. Never throws.
+ARCPOOL_TORCH_API void arcpool_torch_free(void* ptr, size_t size, int device, cudaStream_t stream) {
+  if (arcpool_free_async(ptr, size, device, reinterpret_cast<arcpool_stream_t>(stream)) !=
+      ARCPOOL_STATUS_SUCCESS) {
+    std::fprintf(stderr, "arcpool: free of %p failed: %s\n", ptr, arcpool_last_error());
+  }
+}
+
+/// Tensor.record_stream: the free waits for `stream`'s work (arcpool's use record).
+ARCPOOL_TORCH_API void arcpool_torch_record_stream(void* ptr, cudaStream_t stream) {
+  if (arcpool_record_stream(ptr, reinterpret_cast<arcpool_stream_t>(stream)) !=
+      ARCPOOL_STATUS_SUCCESS) {
+    raise("record_stream failed");
+  }
+}
+
+/// torch.cuda.empty_cache: flush the caches, complete pending frees, trim every device's pool.
+ARCPOOL_TORCH_API void arcpool_torch_empty_cache() {
+  for (int d = 0; d < device_count(); ++d) {
+    arcpool_allocator_t* a = nullptr;
+    if (arcpool_default_allocator_get(d, &a) == ARCPOOL_STATUS_SUCCESS) {
+      arcpool_allocator_trim(a, 0);
+    }
+  }
+}
+
+/// torch.cuda.set_per_process_memory_fraction: a hard limit enforced by arcpool's counter.
+ARCPOOL_TORCH_API void arcpool_torch_set_memory_fraction(double fraction, int device) {
+  arcpool_allocator_t* a = nullptr;
+  size_t total = 0;
+  if (arcpool_default_allocator_get(device, &a) != ARCPOOL_STATUS_SUCCESS ||
+      arcpool_allocator_device_memory(a, &total) != ARCPOOL_STATUS_SUCCESS) {
+    raise("set_memory_fraction failed");
+  }
+  arcpool_allocator_set_hard_limit(a, static_cast<size_t>(fraction * static_cast<double>(total)));
+}
+
+/// PyTorch's init hook: the number of devices.
+ARCPOOL_TORCH_API void arcpool_torch_init(int count) {
+  g_device_count = count;
+}

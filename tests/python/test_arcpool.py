@@ -1,0 +1,59 @@
+"""The Python package without a GPU: import, driver report, statistics, by-pointer calls."""
+import ctypes
+import os
+import subprocess
+import sys
+import unittest
+
+import arcpool
+
+
+class ArcpoolPackage(unittest.TestCase):
+    def test_import_reports_the_driver_it_would_use(self):
+        self.assertIn(arcpool.DRIVER, ("cuda", "host"))
+        self.assertEqual(100, arcpool.VERSION)
+
+    def test_the_environment_overrides_the_driver(self):
+        out = subprocess.run(
+            [sys.executable, "-c", "import arcpool; print(arcpool.DRIVER)"],
+            env=dict(os.environ, ARCPOOL_DRIVER="host"), capture_output=True, text=True,
+            check=True)
+        self.assertEqual("host", out.stdout.strip())
+
+    def test_by_pointer_allocations_count_in_the_stats(self):
+        lib = arcpool._lib.lib
+        device = 0
+        before = arcpool.stats(device)
+        pointer = lib.arcpool_malloc_async(1 << 16, device, None)
+        self.assertTrue(pointer, lib.arcpool_last_error())
+        during = arcpool.stats(device)
+        self.assertEqual(before["allocated_bytes.all.current"] + (1 << 16),
+                         during["allocated_bytes.all.current"])
+        self.assertEqual(before["arcpool.allocations"] + 1, during["arcpool.allocations"])
+        self.assertEqual(0, lib.arcpool_record_stream(pointer, None))
+        self.assertEqual(0, lib.arcpool_free_async(pointer, 1 << 16, device, None))
+        after = arcpool.stats(device)
+        self.assertEqual(before["allocated_bytes.all.current"],
+                         after["allocated_bytes.all.current"])
+
+    def test_failures_name_the_status(self):
+        lib = arcpool._lib.lib
+        status = lib.arcpool_free_async(ctypes.c_void_p(0x1234), 16, 0, None)
+        with self.assertRaises(arcpool.ArcpoolError) as caught:
+            arcpool._lib.check(status, "arcpool_free_async")
+        self.assertEqual("ARCPOOL_STATUS_UNKNOWN_POINTER", caught.exception.status)
+        self.assertIn("0x1234", str(caught.exception))
+
+    def test_torch_style_keys_mirror_arcpool_figures(self):
+        s = arcpool.stats()
+        for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                    "reserved_bytes.all.current", "reserved_bytes.all.peak",
+                    "num_alloc_retries", "num_ooms"):
+            self.assertIn(key, s)
+        self.assertEqual(s["allocated_bytes.all.current"], s["arcpool.bytes_in_use_current"])
+        arcpool.reset_peak_stats()
+        arcpool.empty_cache()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,36 @@
+"""arcpool as CuPy's allocator (GPU machine: CuPy installed there)."""
+import os
+import unittest
+
+
+def _cupy_gpu():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@unittest.skipUnless(_cupy_gpu() or os.environ.get("ARCPOOL_REQUIRE_GPU") == "1",
+                     "CuPy with a GPU is not available here")
+class CupyDropIn(unittest.TestCase):
+    def test_arrays_allocate_on_cupys_current_stream(self):
+        import cupy
+
+        import arcpool.cupy
+
+        arcpool.cupy.install()
+        before = arcpool.cupy.stats()["arcpool.allocations"]
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            a = cupy.arange(1 << 20, dtype=cupy.float32)
+            b = (a * 2).sum()
+        stream.synchronize()
+        self.assertEqual(float(b), float((1 << 20) * ((1 << 20) - 1)))
+        self.assertGreater(arcpool.cupy.stats()["arcpool.allocations"], before)
+        del a
+        stream.synchronize()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,117 @@
+"""arcpool as PyTorch's allocator (GPU machine: PyTorch installed there). Each scenario runs in
+a fresh process: the allocator must be installed before the first CUDA tensor."""
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+
+
+def _torch_gpu():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def _run(body):
+    code = "import arcpool.torch, torch\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+
+
+@unittest.skipUnless(_torch_gpu() or os.environ.get("ARCPOOL_REQUIRE_GPU") == "1",
+                     "PyTorch with a GPU is not available here")
+class TorchDropIn(unittest.TestCase):
+    def check(self, body):
+        result = _run(body)
+        self.assertEqual(0, result.returncode, result.stdout + result.stderr)
+        return result.stdout
+
+    def test_tensors_on_two_streams_with_record_stream(self):
+        self.check("""
+            arcpool.torch.install()
+            side = torch.cuda.Stream()
+            x = torch.full((1 << 24,), 3.0, device="cuda")
+            torch.cuda._sleep(50_000_000)            # the default stream is busy
+            with torch.cuda.stream(side):
+                side.wait_stream(torch.cuda.current_stream())
+                y = x * 2                             # x used on the side stream
+            x.record_stream(side)
+            del x                                     # freed while the side stream may still read it
+            z = torch.zeros(1 << 24, device="cuda")  # same size, may not reuse x's memory early
+            torch.cuda.synchronize()
+            assert float(y.sum()) == 6.0 * (1 << 24), float(y.sum())
+            s = arcpool.torch.stats()
+            assert s["arcpool.use_records"] >= 1, s
+            print("ok")
+        """)
+
+    def test_a_small_training_loop(self):
+        out = self.check("""
+            arcpool.torch.install()
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                        torch.nn.Linear(512, 10)).cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            data = torch.randn(512, 256, device="cuda")
+            target = torch.randint(0, 10, (512,), device="cuda")
+            first = None
+            for step in range(50):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(data), target)
+                loss.backward()
+                opt.step()
+                first = first if first is not None else float(loss)
+            assert float(loss) < first, (first, float(loss))
+            s = arcpool.torch.stats()
+            assert s["allocation.all.allocated"] > 0 and s["allocated_bytes.all.peak"] > 0, s
+            torch.cuda.empty_cache()
+            print("ok", s["allocated_bytes.all.peak"], s["reserved_bytes.all.peak"])
+        """)
+        self.assertIn("ok", out)
+
+    def test_memory_fraction_is_a_hard_limit(self):
+        self.check("""
+            arcpool.torch.install()
+            torch.cuda.set_per_process_memory_fraction(0.01)
+            try:
+                torch.empty(int(torch.cuda.get_device_properties(0).total_memory * 0.02),
+                            dtype=torch.uint8, device="cuda")
+                raise SystemExit("allocated beyond the memory fraction")
+            except RuntimeError as e:
+                assert "OUT_OF_MEMORY" in str(e), str(e)
+            print("ok")
+        """)
+
+    def test_graph_capture_fails_with_arcpools_unsupported_message(self):
+        self.check("""
+            arcpool.torch.install()
+            x = torch.ones(16, device="cuda")
+            g = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g):
+                    y = x * 2 + torch.ones(1 << 20, device="cuda").sum()
+                raise SystemExit("capture succeeded")
+            except RuntimeError as e:
+                # PyTorch's capture_end may raise over ours: look down the chain too.
+                chain = str(e) + " | " + str(e.__context__)
+                assert "UNSUPPORTED" in chain and "graph" in chain, chain
+            print("ok")
+        """)
+
+    def test_install_after_the_first_cuda_tensor_is_refused(self):
+        self.check("""
+            x = torch.ones(1, device="cuda")
+            try:
+                arcpool.torch.install()
+                raise SystemExit("installed after CUDA initialization")
+            except RuntimeError as e:
+                assert "before the first CUDA tensor" in str(e), str(e)
+            print("ok")
+        """)
+
+
+if __name__ == "__main__":
+    unittest.main()
