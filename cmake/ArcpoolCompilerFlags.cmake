@@ -14,10 +14,16 @@ if(ARCPOOL_SANITIZER STREQUAL "address")
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=all>
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
   add_link_options(-fsanitize=address,undefined)
+elseif(ARCPOOL_SANITIZER STREQUAL "fuzzer")
+  # libFuzzer's coverage everywhere, ASan + UBSan; the fuzz target links the fuzzer itself.
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
+                      -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
 elseif(ARCPOOL_SANITIZER STREQUAL "thread")
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread>
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
   add_link_options(-fsanitize=thread)
 elseif(NOT ARCPOOL_SANITIZER STREQUAL "")
-  message(FATAL_ERROR "ARCPOOL_SANITIZER must be '', 'address' or 'thread', not '${ARCPOOL_SANITIZER}'")
+  message(FATAL_ERROR
+    "ARCPOOL_SANITIZER must be '', 'address', 'thread' or 'fuzzer', not '${ARCPOOL_SANITIZER}'")
 endif()

@@ -382,6 +382,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   if (void* block = cache != nullptr ? cache->take(size) : nullptr; block != nullptr) {
     stats::count(stats_.cache_hits);
     stats_.bytes_cached.sub(static_cast<int64_t>(size));
+    driver_->note_acquire(block, size, s);
     p.base = p.data = block;
     p.held_bytes = size;
   } else if (size > 0) {
@@ -563,6 +564,7 @@ arcpool_status_t allocator::free_on(allocation& a, stream_handle target, block_c
         target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
       stats::count(stats_.cache_frees);
       stats_.bytes_cached.add(static_cast<int64_t>(a.placement.held_bytes));
+      driver_->note_release(a.placement.base, a.placement.held_bytes, target);
       return ARCPOOL_STATUS_SUCCESS;
     }
     status = driver_->pool_free(a.placement.base, a.placement.held_bytes, target);

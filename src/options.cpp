@@ -75,6 +75,7 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
   c.driver.peer_devices.assign(o.peer_devices, o.peer_devices + o.peer_device_count);
   if (o.host_capacity_bytes != 0) c.driver.host_capacity_bytes = o.host_capacity_bytes;
   c.driver.host_reserve_only = o.host_reserve_only != 0;
+  c.driver.host_deterministic_seed = o.host_deterministic_seed;
   c.hard_limit_bytes = o.hard_limit_bytes;
   c.foreign_stream_routing =
       resolve_routing(o.foreign_stream_routing, kDefaultForeignStreamRouting);

@@ -67,7 +67,8 @@ size_t reclaimer::pending() const {
 }
 
 void reclaimer::start_locked() {
-  if (worker_.joinable() || stop_) return;
+  // Deterministic mode: no thread; items complete on the threads that poll, trim or drain.
+  if (worker_.joinable() || stop_ || !driver_.allows_worker_threads()) return;
   worker_ = std::thread([this] { run(); });
   exit_listener_ = add_exit_listener([this] { stop_worker(false); });
 }

@@ -215,6 +215,11 @@ typedef struct arcpool_allocator_options_t {
   /** Host driver: hand out reserved address space with no backing memory (for replaying traces
    * larger than the machine); such memory must never be touched. Default 0. */
   int host_reserve_only;
+  /** Host driver, for tests and fuzzing: nonzero selects the deterministic mode with this seed.
+   * Streams have no threads: their work runs when the caller synchronizes (a seeded scheduler
+   * picks the order), no reclaim worker starts, and a happens-before checker verifies every
+   * stream operation (see src/drivers/deterministic.hpp). Default 0. */
+  uint64_t host_deterministic_seed;
   /** Events kept for reuse by the event pool. Default 0: 1024. */
   size_t event_pool_capacity;
   /** Out-of-memory callback (see arcpool_oom_callback_t). Default NULL. */

@@ -42,7 +42,11 @@ arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver
       *out = make_cuda_driver(config, &status);
       break;
     case ARCPOOL_DRIVER_HOST:
-      *out = make_host_driver(config, &status);
+      if (config.host_deterministic_seed != 0) {
+        *out = make_deterministic_driver(config);
+      } else {
+        *out = make_host_driver(config, &status);
+      }
       break;
     case ARCPOOL_DRIVER_NULL:
       *out = make_null_driver(config);

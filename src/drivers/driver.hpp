@@ -48,6 +48,8 @@ struct driver_config {
   std::vector<int> peer_devices;
   size_t host_capacity_bytes = size_t{16} << 30;
   bool host_reserve_only = false;  ///< address space only, never touched (trace replay)
+  /// Nonzero: the deterministic host driver with this scheduler seed (tests, fuzzing).
+  uint64_t host_deterministic_seed = 0;
 };
 
 /// Streams, events, one pool and host work on one device. Every call sets and restores the
@@ -113,6 +115,19 @@ class driver {
   /// Prepares the calling thread to be arcpool's reclaim worker (CUDA: relaxed capture mode,
   /// so its event queries never invalidate another thread's graph capture).
   virtual void enter_reclaim_thread() noexcept = 0;
+
+  // --- Checking (the deterministic host driver; no-ops elsewhere) -------------------------
+  /// False when everything must run on the caller's threads (deterministic mode): arcpool then
+  /// starts no reclaim worker and completes reclaims itself.
+  virtual bool allows_worker_threads() const noexcept { return true; }
+  /// A fast-path cache kept block [p, p + bytes) at this point of stream `s` (a release, as far
+  /// as ordering goes) / handed it out again on `s` (an acquire).
+  virtual void note_release(void* p, size_t bytes, stream_handle s) noexcept {
+    (void)p, (void)bytes, (void)s;
+  }
+  virtual void note_acquire(void* p, size_t bytes, stream_handle s) noexcept {
+    (void)p, (void)bytes, (void)s;
+  }
 };
 
 /// What AUTO resolves to for `device`: ARCPOOL_DRIVER if set (ARCPOOL_DRIVER_AUTO when it names
@@ -131,6 +146,7 @@ void inject_sticky_error(driver& d);
 
 std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_status_t* status);
 std::unique_ptr<driver> make_null_driver(const driver_config& config);
+std::unique_ptr<driver> make_deterministic_driver(const driver_config& config);
 std::unique_ptr<driver> make_host_driver(const driver_config& config, arcpool_status_t* status);
 
 }  // namespace arcpool::detail
