@@ -648,36 +648,39 @@ ARCPOOL_API arcpool_status_t arcpool_allocator_log_close(arcpool_allocator_t* al
 /* Statistics                                                                                  */
 /* ----------------------------------------------------------------------------------------- */
 
-/** Gauges: each has a `_current` and a `_peak` field in arcpool_stats_t. */
+/** Gauges: each has a `_current` and a `_peak` field in arcpool_stats_t. `_current` is exact.
+ * To keep the hot path free of shared writes each thread batches its changes (up to 1 MiB for
+ * byte gauges, 64 for allocations_in_use), so a `_peak` may miss a rise shorter than that batch
+ * per thread. Under a hard limit bytes_held is exact (the limit is checked against it). */
 #define ARCPOOL_STATS_GAUGES(X)                                                         \
   X(bytes_in_use, "bytes of live allocations (requested sizes)")                        \
   X(allocations_in_use, "live allocations")                                             \
   X(bytes_held, "bytes taken from the pool and not yet given back (live plus pending)") \
-  X(bytes_pending_free, "bytes deallocated whose free waits on the reclaim worker")  \
+  X(bytes_pending_free, "bytes deallocated whose free waits on the reclaim worker")     \
   X(bytes_cached, "bytes kept in the per-stream caches (part of bytes_held)")
 
 /** Counters: each is one uint64_t field of arcpool_stats_t. */
-#define ARCPOOL_STATS_COUNTERS(X)                                                  \
-  X(allocations, "successful allocations")                                         \
-  X(deallocations, "accepted deallocations (explicit)")                            \
-  X(frees, "blocks returned to the pool")                                          \
-  X(cache_hits, "allocations served from a stream's cache (the fast path)")         \
-  X(cache_frees, "deallocations whose block a stream's cache kept")                 \
+#define ARCPOOL_STATS_COUNTERS(X)                                                     \
+  X(allocations, "successful allocations")                                            \
+  X(deallocations, "accepted deallocations (explicit)")                               \
+  X(frees, "blocks returned to the pool")                                             \
+  X(cache_hits, "allocations served from a stream's cache (the fast path)")           \
+  X(cache_frees, "deallocations whose block a stream's cache kept")                   \
   X(cache_flushes, "cached blocks returned to the pool (trim, pressure, retirement)") \
-  X(same_stream_frees, "deallocations freed directly on the origin stream")        \
-  X(cross_stream_frees, "deallocations involving another stream than the origin")  \
-  X(origin_routed_frees, "frees that ran on the origin stream for another stream") \
-  X(origin_fallbacks, "prefer-origin frees whose origin was not provably alive")   \
-  X(deferred_frees, "frees queued on the reclaim worker")                          \
-  X(transfers, "transfers")                                                        \
-  X(use_records, "use records added")                                              \
-  X(fences_taken, "fences (event records) taken")                                  \
-  X(ignored_deallocations, "deallocations of indeterminate-lifetime memory")       \
-  X(implicit_frees, "leaked owners freed when the last reference went")            \
-  X(imports, "imported allocations")                                               \
-  X(exports, "exported allocations")                                               \
-  X(oom_retries, "allocations retried after flushing and reclaiming")              \
-  X(oom_failures, "allocations that failed with OUT_OF_MEMORY")                    \
+  X(same_stream_frees, "deallocations freed directly on the origin stream")           \
+  X(cross_stream_frees, "deallocations involving another stream than the origin")     \
+  X(origin_routed_frees, "frees that ran on the origin stream for another stream")    \
+  X(origin_fallbacks, "prefer-origin frees whose origin was not provably alive")      \
+  X(deferred_frees, "frees queued on the reclaim worker")                             \
+  X(transfers, "transfers")                                                           \
+  X(use_records, "use records added")                                                 \
+  X(fences_taken, "fences (event records) taken")                                     \
+  X(ignored_deallocations, "deallocations of indeterminate-lifetime memory")          \
+  X(implicit_frees, "leaked owners freed when the last reference went")               \
+  X(imports, "imported allocations")                                                  \
+  X(exports, "exported allocations")                                                  \
+  X(oom_retries, "allocations retried after flushing and reclaiming")                 \
+  X(oom_failures, "allocations that failed with OUT_OF_MEMORY")                       \
   X(reclaim_failures, "deferred frees abandoned because a CUDA call failed")
 
 /** Version of arcpool_stats_t this header describes. */
