@@ -73,7 +73,9 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
 }
 
 allocator::~allocator() {
-  if (!process_exiting()) flush_caches();
+  // The reclaim worker may still free on created streams: finish and stop it first.
+  reclaimer_.stop_worker(/*drain_first=*/!process_exiting());
+  if (!process_exiting()) flush_caches(/*include_legacy=*/true, /*synchronize=*/false);
   // Streams arcpool created die with it; registered ones are only forgotten.
   if (!process_exiting()) {
     streams_.for_each([&](stream_entry& entry) {
@@ -227,7 +229,7 @@ block_cache* allocator::cache_for(const stream_ref& s) noexcept {
   return s.kind == stream_kind::legacy_default ? &legacy_cache_ : nullptr;
 }
 
-void allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
+size_t allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
   int64_t blocks = 0;
   const size_t bytes = cache.drain(
       [&](void* p, size_t n) {
@@ -238,13 +240,29 @@ void allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
   stats::count(stats_.cache_flushes, blocks);
   stats_.bytes_cached.sub(static_cast<int64_t>(bytes));
   stats_.bytes_held.sub(static_cast<int64_t>(bytes));
+  return static_cast<size_t>(blocks);
 }
 
-void allocator::flush_caches() {
-  // A cache still open belongs to a stream that is alive: retirement closes it first.
-  streams_.for_each(
-      [&](stream_entry& entry) { flush_cache(entry.cache(), entry.handle(), false); });
-  flush_cache(legacy_cache_, legacy_default_stream(), false);
+void allocator::flush_caches(bool include_legacy, bool synchronize) {
+  // Only streams alive and not capturing: a free must never land in someone's graph.
+  auto flush = [&](block_cache& cache, stream_handle h) {
+    bool capturing = true;
+    if (driver_->stream_is_capturing(h, &capturing) != ARCPOOL_STATUS_SUCCESS || capturing) {
+      return;
+    }
+    if (flush_cache(cache, h, /*close=*/false) > 0 && synchronize) {
+      driver_->stream_synchronize(h);  // the frees ran: the pool may hand the blocks to anyone
+    }
+  };
+  streams_.for_each([&](stream_entry& entry) {
+    entry.with_alive(
+        [&](stream_handle h) {
+          flush(entry.cache(), h);
+          return ARCPOOL_STATUS_SUCCESS;
+        },
+        ARCPOOL_STATUS_SUCCESS);
+  });
+  if (include_legacy) flush(legacy_cache_, legacy_default_stream());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -255,13 +273,15 @@ arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
   if (s.entry) {
     // A created or registered stream: enqueue only while provably alive; once retired, its
     // final fence covers everything that was queued on it.
+    bool alive = false;
     status = s.entry->with_alive(
         [&](stream_handle h) {
+          alive = true;
           ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
           return events_.record(h, s.id, out);
         },
-        ARCPOOL_STATUS_NOT_PERMITTED);
-    if (status == ARCPOOL_STATUS_NOT_PERMITTED) {
+        ARCPOOL_STATUS_SUCCESS);
+    if (!alive) {
       *out = s.entry->final_fence();
       return ARCPOOL_STATUS_SUCCESS;
     }
@@ -277,7 +297,7 @@ arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
 arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* caller,
                                            uint64_t skip_id, fence_list* out) {
   small_vector<uint64_t, 8> seen;
-  seen.push_back(skip_id);
+  if (skip_id != kSkipNone) seen.push_back(skip_id);
   auto fresh = [&seen](uint64_t id) {
     for (uint64_t s : seen) {
       if (s == id) return false;
@@ -333,7 +353,10 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, c
   if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
   // Out of memory: complete pending reclaims, retry once, then ask the user's callback.
   stats::count(stats_.oom_retries);
-  flush_caches();
+  // The legacy default stream is touched only when the caller passed it (§6). The flushed
+  // frees must have run before the retry: the pool lends a block freed on another stream only
+  // once its free completed.
+  flush_caches(/*include_legacy=*/s.kind == stream_kind::legacy_default, /*synchronize=*/true);
   reclaimer_.drain();
   status = try_pool_allocate(bytes, s, out);
   while (status == ARCPOOL_STATUS_OUT_OF_MEMORY && config_.on_out_of_memory != nullptr &&
@@ -551,24 +574,29 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t allocator::free_on(allocation& a, stream_handle target, block_cache* target_cache,
-                                    const fence_list& fences) {
-  arcpool_status_t status = wait_all(target, fences);
-  if (status == ARCPOOL_STATUS_SUCCESS) {
-    if (config_.before_free != nullptr) {
-      config_.before_free(a.placement.base, a.placement.held_bytes, target,
-                          config_.before_free_user_data);
-    }
-    // Every wait the block needs is enqueued on `target`: its cache may keep it (§4).
-    if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment) &&
-        target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
-      stats::count(stats_.cache_frees);
-      stats_.bytes_cached.add(static_cast<int64_t>(a.placement.held_bytes));
-      driver_->note_release(a.placement.base, a.placement.held_bytes, target);
-      return ARCPOOL_STATUS_SUCCESS;
-    }
-    status = driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
+arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,
+                                            bool implicit, stream_handle target,
+                                            block_cache* target_cache, const fence_list& fences) {
+  // The waits first: if one fails nothing has changed (a wait is harmless if the commit then
+  // fails).
+  ARCPOOL_RETURN_IF_ERROR(wait_all(target, fences));
+  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+  a.uses.clear();
+  if (config_.before_free != nullptr) {
+    config_.before_free(a.placement.base, a.placement.held_bytes, target,
+                        config_.before_free_user_data);
   }
+  // Every wait the block needs is enqueued on `target`: its cache may keep it (§4).
+  if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment) &&
+      target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
+    stats::count(stats_.cache_frees);
+    stats_.bytes_cached.add(static_cast<int64_t>(a.placement.held_bytes));
+    driver_->note_release(a.placement.base, a.placement.held_bytes, target);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+  // Only a broken context fails here, after the commit: the block is then lost with it.
+  const arcpool_status_t status =
+      driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
   stats_.bytes_held.sub(a.placement.held_bytes);
   if (status == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.frees);
   return status;
@@ -580,8 +608,9 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   const bool force = flags & ARCPOOL_DEALLOCATE_FLAG_FORCE;
   fence_list fences;
 
-  // Nothing to give back: zero bytes, or a borrowed import nobody wants to hear about.
-  if (a.placement.size == 0 || (a.external() && a.placement.on_free == nullptr)) {
+  // Nothing to give back: zero bytes of arcpool's, or a borrowed import nobody wants to hear
+  // about. (An import with on_free hears about it even at zero bytes.)
+  if (a.external() ? a.placement.on_free == nullptr : a.placement.size == 0) {
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     a.uses.clear();
     return ARCPOOL_STATUS_SUCCESS;
@@ -589,7 +618,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 
   // Indeterminate lifetime: take the fences now, free nothing until the last reference goes.
   if (a.indeterminate()) {
-    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     stats::count(stats_.ignored_deallocations);
     a.held_fences = std::move(fences);
@@ -599,7 +628,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 
   // Imported memory: on_free runs on the reclaim worker once every fence completed.
   if (a.external()) {
-    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     reclaim_item item;
     item.pointer = a.placement.base;
@@ -613,37 +642,40 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     return ARCPOOL_STATUS_SUCCESS;
   }
 
-  // Every route below fences or frees on the caller's stream.
-  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
   // A retired current stream cannot be enqueued on: its final fence goes to the reclaimer.
+  // (An implicit free's caller is the current stream, so it may be retired too: then nothing
+  // is enqueued on it.) Every other route fences or frees on the caller's stream.
+  if (!caller.retired()) ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
   route r = a.current.retired() ? route::deferred : choose_route(a, caller, flags);
   const stream_ref& origin = a.placement.origin;
 
   if (r == route::same_stream) {
-    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+    ARCPOOL_RETURN_IF_ERROR(
+        commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
     stats::count(stats_.same_stream_frees);
-    return free_on(a, caller.handle, cache_for(caller), fences);
+    return ARCPOOL_STATUS_SUCCESS;
   }
 
   if (r == route::prefer_origin && origin.id != caller.id) {
     if (origin.provably_alive()) {
       ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, origin.id, &fences));
-      ARCPOOL_RETURN_IF_ERROR(origin.entry->with_alive(
-          [&](stream_handle) { return check_not_capturing(origin, "deallocate"); },
-          ARCPOOL_STATUS_SUCCESS));
-      ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
-      stats::count(stats_.cross_stream_frees);
+      // The origin stays alive for the whole call: waits, commit and free.
+      bool alive = false;
       const arcpool_status_t status = origin.entry->with_alive(
           [&](stream_handle h) {
+            alive = true;
+            ARCPOOL_RETURN_IF_ERROR(check_not_capturing(origin, "deallocate"));
+            ARCPOOL_RETURN_IF_ERROR(
+                commit_and_free(a, caller, force, implicit, h, cache_for(origin), fences));
+            stats::count(stats_.cross_stream_frees);
             stats::count(stats_.origin_routed_frees);
-            return free_on(a, h, cache_for(origin), fences);
+            return ARCPOOL_STATUS_SUCCESS;
           },
-          ARCPOOL_STATUS_NOT_PERMITTED);
-      if (status != ARCPOOL_STATUS_NOT_PERMITTED) return status;
-      // Retired between the check and the free: the caller's stream takes it (it waits on
-      // the same fences, its own among them, which is a no-op).
-      stats::count(stats_.origin_fallbacks);
-      return free_on(a, caller.handle, cache_for(caller), fences);
+          ARCPOOL_STATUS_SUCCESS);
+      if (alive) return status;
+      // Retired since the check: fence again (the origin's final fence among them, if it is
+      // the current stream) and free on the caller's stream.
+      fences.clear();
     }
     stats::count(stats_.origin_fallbacks);
     r = route::wait_and_free;
@@ -651,14 +683,14 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 
   if (r == route::wait_and_free || r == route::prefer_origin) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, caller.id, &fences));
-    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+    ARCPOOL_RETURN_IF_ERROR(
+        commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
     stats::count(stats_.cross_stream_frees);
-    a.uses.clear();
-    return free_on(a, caller.handle, cache_for(caller), fences);
+    return ARCPOOL_STATUS_SUCCESS;
   }
 
   // Deferred: fence everything, let the reclaim worker free on the origin once all completed.
-  ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, 0, &fences));
+  ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
   ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
   stats::count(stats_.cross_stream_frees);
   reclaim_item item;
@@ -712,7 +744,7 @@ void allocator::on_last_reference(allocation* a) noexcept {
     }
     // Indeterminate lifetime: the memory goes back now, once its fences complete.
     if (a->indeterminate() && a->owners.load().st == ARCPOOL_ALLOCATION_DEALLOCATED &&
-        a->placement.size > 0 && (!a->external() || a->placement.on_free != nullptr)) {
+        (a->external() ? a->placement.on_free != nullptr : a->placement.size > 0)) {
       reclaim_item item;
       item.pointer = a->placement.base;
       item.bytes = a->external() ? a->placement.size : a->placement.held_bytes;
@@ -791,8 +823,9 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
     ARCPOOL_RETURN_IF_ERROR(check_not_capturing(a.current, "export"));
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, a.current.id, &fences));
   }
+  // The waits first: if one fails nothing has changed.
+  ARCPOOL_RETURN_IF_ERROR(wait_all(a.current.handle, fences));
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.accept_export(), "export"));
-  const arcpool_status_t status = wait_all(a.current.handle, fences);
   a.uses.clear();
   stats::count(stats_.exports);
   nvtx::forget_region(a.placement.data);
@@ -802,14 +835,14 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
     stats_.bytes_held.sub(a.placement.held_bytes);
   }
   *out = a.placement.base;
-  return status;
+  return ARCPOOL_STATUS_SUCCESS;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Pool maintenance and stats
 
 arcpool_status_t allocator::trim(size_t keep_bytes) {
-  flush_caches();
+  flush_caches(/*include_legacy=*/true, /*synchronize=*/false);
   ARCPOOL_RETURN_IF_ERROR(reclaimer_.drain());
   return driver_->pool_trim(keep_bytes);
 }

@@ -112,6 +112,8 @@ class allocator {
   arcpool_status_t check_not_capturing(const stream_ref& s, const char* what);
   /// Takes a fence on `s` (its final fence if it was retired).
   arcpool_status_t take_fence(const stream_ref& s, fence_ref* out);
+  /// `skip_id` of collect_fences that skips no stream.
+  static constexpr uint64_t kSkipNone = UINT64_MAX;
   /// Fences every stream the allocation's memory may be used on: `caller` (if given), the
   /// current stream and every use record, once per stream, skipping stream `skip_id`.
   arcpool_status_t collect_fences(allocation& a, const stream_ref* caller, uint64_t skip_id,
@@ -123,10 +125,12 @@ class allocator {
   /// `lock` and may be released before the reclaimer is fed.
   arcpool_status_t finish_deallocation(allocation& a, const stream_ref& caller, uint32_t flags,
                                        bool implicit, std::unique_lock<std::mutex>& lock);
-  /// Frees on `target` after waiting on `fences` (into `target_cache` when it keeps the
-  /// block); counts the free.
-  arcpool_status_t free_on(allocation& a, stream_handle target, block_cache* target_cache,
-                           const fence_list& fences);
+  /// Makes `target` wait on `fences`, commits the deallocation (a failure so far changes
+  /// nothing), clears the use records and frees on `target` (into `target_cache` when it keeps
+  /// the block); counts the free.
+  arcpool_status_t commit_and_free(allocation& a, const stream_ref& caller, bool force,
+                                   bool implicit, stream_handle target, block_cache* target_cache,
+                                   const fence_list& fences);
   /// The fast path's cache of `s`: streams arcpool can prove alive and the legacy default
   /// stream; null when the cache is off or `s` has none.
   block_cache* cache_for(const stream_ref& s) noexcept;
@@ -135,10 +139,14 @@ class allocator {
     return config_.stream_cache_bytes != 0 && size != 0 && size <= config_.stream_cache_max_block &&
            alignment <= ARCPOOL_DEFAULT_ALIGNMENT;
   }
-  /// Gives the blocks of `cache` back to the pool on `s` (`close`: the stream is retiring).
-  void flush_cache(block_cache& cache, stream_handle s, bool close);
-  /// Gives every cached block back to the pool (trim, out of memory, teardown).
-  void flush_caches();
+  /// Gives the blocks of `cache` back to the pool on `s` (`close`: the stream is retiring);
+  /// returns how many.
+  size_t flush_cache(block_cache& cache, stream_handle s, bool close);
+  /// Gives the cached blocks of every live stream that is not capturing back to the pool
+  /// (trim, out of memory, teardown); the legacy default stream's only with `include_legacy`.
+  /// `synchronize`: waits until the frees ran, so that the pool can lend the blocks to any
+  /// stream.
+  void flush_caches(bool include_legacy, bool synchronize);
   /// Accepts the deallocation (ownership transition, stats, the log's free row on `stream`).
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream);
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,

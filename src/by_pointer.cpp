@@ -24,7 +24,9 @@ arcpool_status_t allocator::malloc_by_pointer(size_t size, size_t alignment, str
 arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device) {
   if (p == nullptr) return ARCPOOL_STATUS_SUCCESS;
   pointer_map& map = by_pointer_allocations();
-  allocation* a = map.find(p);
+  // Out of the map before the free: once freed, the block may come back at once, at the same
+  // address, to another thread's by-pointer allocation, whose entry must not meet this one.
+  allocation* a = map.take(p);
   if (a == nullptr) {
     return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
                 "free of %p: no live by-pointer allocation contains it (never allocated by "
@@ -38,10 +40,12 @@ arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device
   } else {
     status = a->owner.deallocate(*a, s, 0);
   }
-  // Only the deallocation that succeeded drops the map's reference.
-  if (status == ARCPOOL_STATUS_SUCCESS && map.erase(a)) a->release();
-  a->release();
-  return status;
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    map.insert(a);  // nothing was freed: the entry goes back as it was
+    return status;
+  }
+  a->release();  // the map's reference
+  return ARCPOOL_STATUS_SUCCESS;
 }
 
 void allocator::set_hard_limit(size_t bytes) {

@@ -382,6 +382,7 @@ arcpool_status_t arcpool_default_allocator_get(int device, arcpool_allocator_t**
     arcpool::detail::allocator* a = nullptr;
     ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a));
     *out_allocator = arcpool::detail::to_handle(a);
+    a->release();  // borrowed from the table, which keeps its own reference until replaced
     return ARCPOOL_STATUS_SUCCESS;
   });
 }
@@ -393,7 +394,9 @@ void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
   guarded([&] {
     arcpool::detail::allocator* a = nullptr;
     ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a));
-    return a->malloc_by_pointer(size, 0, stream, &data);
+    const arcpool_status_t status = a->malloc_by_pointer(size, 0, stream, &data);
+    a->release();
+    return status;
   });
   return data;
 }

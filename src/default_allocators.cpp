@@ -33,6 +33,7 @@ arcpool_status_t default_allocator(int device, allocator** out) {
     ARCPOOL_RETURN_IF_ERROR(resolve_options(&options, &config));
     ARCPOOL_RETURN_IF_ERROR(allocator::create(config, &slot));
   }
+  slot->retain();  // the caller's: a concurrent set_default_allocator may drop the table's
   *out = slot;
   return ARCPOOL_STATUS_SUCCESS;
 }

@@ -5,7 +5,8 @@
 
 namespace arcpool::detail {
 
-/// The allocator serving `device`, created with default options on first use. Borrowed.
+/// The allocator serving `device`, created with default options on first use, with a new
+/// reference the caller releases.
 arcpool_status_t default_allocator(int device, allocator** out);
 
 /// Replaces `device`'s default allocator (null: a fresh default one on next use). Keeps its

@@ -9,24 +9,29 @@ void pointer_map::insert(allocation* a) {
   by_start_[reinterpret_cast<uintptr_t>(a->placement.data)] = a;
 }
 
-allocation* pointer_map::find(const void* p) const {
+std::map<uintptr_t, allocation*>::const_iterator pointer_map::containing(const void* p) const {
   const auto address = reinterpret_cast<uintptr_t>(p);
-  std::shared_lock<std::shared_mutex> lock(mutex_);
   auto it = by_start_.upper_bound(address);
-  if (it == by_start_.begin()) return nullptr;
+  if (it == by_start_.begin()) return by_start_.end();
   --it;
-  allocation* a = it->second;
-  if (address - it->first >= a->placement.size) return nullptr;
-  a->retain();
-  return a;
+  return address - it->first < it->second->placement.size ? it : by_start_.end();
 }
 
-bool pointer_map::erase(allocation* a) {
+allocation* pointer_map::find(const void* p) const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  const auto it = containing(p);
+  if (it == by_start_.end()) return nullptr;
+  it->second->retain();
+  return it->second;
+}
+
+allocation* pointer_map::take(const void* p) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  auto it = by_start_.find(reinterpret_cast<uintptr_t>(a->placement.data));
-  if (it == by_start_.end() || it->second != a) return false;
+  const auto it = containing(p);
+  if (it == by_start_.end()) return nullptr;
+  allocation* a = it->second;
   by_start_.erase(it);
-  return true;
+  return a;
 }
 
 pointer_map& by_pointer_allocations() {

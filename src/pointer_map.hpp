@@ -17,10 +17,14 @@ class pointer_map {
   /// The allocation whose data range contains `p`, with a new reference the caller releases;
   /// null if none.
   allocation* find(const void* p) const;
-  /// Removes `a` if present; returns whether it did (the map's reference passes to the caller).
-  bool erase(allocation* a);
+  /// Removes and returns the allocation whose data range contains `p`, with the map's claim
+  /// and reference; null if none. Until the caller puts it back, no other thread finds it.
+  allocation* take(const void* p);
 
  private:
+  /// The entry whose data range contains `p`, or end() (lock held).
+  std::map<uintptr_t, allocation*>::const_iterator containing(const void* p) const;
+
   mutable std::shared_mutex mutex_;
   std::map<uintptr_t, allocation*> by_start_;
 };

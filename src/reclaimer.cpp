@@ -178,12 +178,9 @@ size_t reclaimer::poll_once() {
     std::lock_guard<std::mutex> lock(mutex_);
     done = take_completed_locked();
   }
-  for (auto& [item, failed] : done)
-    complete(item, failed, /*prefer_origin=*/true);
-  std::lock_guard<std::mutex> lock(mutex_);
-  completing_ -= done.size();
-  idle_cv_.notify_all();
-  return done.size();
+  const size_t completed = done.size();
+  finish(done);
+  return completed;
 }
 
 void reclaimer::run() {
@@ -214,12 +211,15 @@ arcpool_status_t reclaimer::drain() {
   std::vector<reclaim_item> items;
   {
     std::unique_lock<std::mutex> lock(mutex_);
+    // Frees being completed right now (by the worker, a poll or another drain) must land
+    // before we report; not when this thread is one of those completing (an on_free callback
+    // that allocated and ran out of memory).
+    if (!t_completing) idle_cv_.wait(lock, [&] { return completing_ == 0; });
     items.swap(items_);
     queued_.store(0, std::memory_order_relaxed);
-    // Frees being completed right now must land before we report; not when this thread is
-    // one of those completing (an on_free callback that allocated and ran out of memory).
-    if (!t_completing) idle_cv_.wait(lock, [&] { return completing_ == 0; });
+    completing_ += items.size();
   }
+  const bool was_completing = std::exchange(t_completing, true);
   arcpool_status_t first_error = ARCPOOL_STATUS_SUCCESS;
   bool freed = false;
   for (auto& item : items) {
@@ -237,6 +237,12 @@ arcpool_status_t reclaimer::drain() {
       const arcpool_status_t status = driver_.stream_synchronize(s);
       if (first_error == ARCPOOL_STATUS_SUCCESS) first_error = status;
     }
+  }
+  t_completing = was_completing;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completing_ -= items.size();
+    idle_cv_.notify_all();
   }
   return first_error;
 }

@@ -58,18 +58,6 @@ class reclaimer {
   /// nothing is given back while a fence is outstanding.
   size_t poll_once();
 
-  /// As poll_once, but returns at once if nothing is pending or another thread is polling.
-  /// Allocations call it before growing the pool, so that memory whose fences completed comes
-  /// back before the worker's next poll. Cost when nothing is pending: one relaxed load.
-  void poll_if_pending() {
-    if (queued_.load(std::memory_order_relaxed) == 0) return;
-    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock()) return;
-    auto done = take_completed_locked();
-    lock.unlock();
-    finish(done);
-  }
-
   /// True on the worker thread (inside an on_free callback).
   bool on_worker_thread() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -79,6 +67,10 @@ class reclaimer {
   /// Items queued and not yet completed.
   size_t pending() const;
 
+  /// Stops the worker (first completing every item with `drain_first`). The allocator calls
+  /// it before destroying its streams; the destructor calls it again (a no-op then).
+  void stop_worker(bool drain_first);
+
  private:
   void run();
   /// Moves every item whose fences completed out of `items_` (lock held).
@@ -86,7 +78,6 @@ class reclaimer {
   /// Completes items taken by take_completed_locked (lock not held).
   void finish(std::vector<std::pair<reclaim_item, bool>>& done);
   void start_locked();
-  void stop_worker(bool drain_first);
   /// Drops completed fences from the back of `item`; true when none is left (or one failed,
   /// which `failed` reports).
   bool poll(reclaim_item& item, bool* failed);

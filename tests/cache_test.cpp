@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <thread>
+#include <vector>
 
 #include "support/driver_test.hpp"
 
@@ -41,6 +43,32 @@ class StreamCache : public DriverTest {
   arcpool_stream_t s_ = nullptr;
   arcpool_stream_t t_ = nullptr;
 };
+
+TEST_P(StreamCache, ByPointerFreesRacingReuseOfTheSameAddressLoseNoRecord) {
+  // A by-pointer free hands its block to the cache; another thread's by-pointer allocation on
+  // the same stream gets the same address at once. Every record must still be released.
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 2000;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kRounds; ++i) {
+        void* p = nullptr;
+        if (arcpool_allocator_malloc_async(alloc_, kBlock, 0, s_, &p) != ARCPOOL_STATUS_SUCCESS ||
+            arcpool_allocator_free_async(alloc_, p, s_) != ARCPOOL_STATUS_SUCCESS) {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  EXPECT_EQ(0, failures.load());
+  sync(s_);
+  EXPECT_EQ(0u, stats().allocations_in_use_current);
+  EXPECT_TRUE(core().quiescent()) << "an allocation record outlived its free";
+}
 
 TEST_P(StreamCache, ASameStreamAllocationReusesTheFreedBlock) {
   void* first = allocate_and_free(kBlock, s_);

@@ -191,6 +191,20 @@ TEST_P(Lifetime, AConsumingImportIsFreedThroughOnFreeWhenItsOwnerGoes) {
   EXPECT_EQ(1, log.calls.load());
 }
 
+TEST_P(Lifetime, AConsumingImportOfZeroBytesStillCallsOnFreeOnce) {
+  on_free_log log;
+  int empty_tensor_storage = 0;  // a framework's empty tensor may carry a non-null pointer
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_import(alloc_, &empty_tensor_storage, 0, s_, ARCPOOL_IMPORT_FLAG_CONSUME,
+                           &on_free_log::record, &log, &a));
+  EXPECT_OK(arcpool_allocation_discard_and_release(a));
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(1, log.calls.load()) << "a consuming import's on_free is the foreign free itself";
+  EXPECT_EQ(&empty_tensor_storage, log.pointer);
+  EXPECT_EQ(0u, log.size);
+}
+
 struct reentry {
   arcpool_allocator_t* allocator;
   arcpool_stream_t stream;

@@ -115,6 +115,23 @@ TEST_P(Streams, DestroyingACreatedStreamKeepsItsWorkFenced) {
   arcpool_allocation_release(a);
 }
 
+TEST_P(Streams, ALeakedOwnerWhoseCurrentStreamWasDestroyedIsStillFreed) {
+  arcpool_stream_t doomed = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc_, &doomed));
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  EXPECT_OK(arcpool_transfer(a, doomed));
+  fill_async(doomed, data(a), kBytes, 0x23);
+  ASSERT_OK(arcpool_stream_destroy(alloc_, doomed));
+  arcpool_allocation_release(a);  // the last reference of a live allocation: an implicit free
+  sync(s_);
+  finish_reclaims();
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(1u, st.implicit_frees);
+  EXPECT_EQ(0u, st.reclaim_failures) << "the implicit free touched the destroyed stream";
+  EXPECT_EQ(1u, st.frees);
+  EXPECT_EQ(0u, st.bytes_held_current);
+}
+
 TEST_P(Streams, DefaultStreamsCannotBeRegistered) {
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_register(alloc_, nullptr));
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,

@@ -543,7 +543,8 @@ ARCPOOL_API arcpool_status_t arcpool_default_allocator_set(int device,
                                                            arcpool_allocator_t* allocator);
 
 /** Returns the allocator serving `device`'s raw-pointer entry points, creating it with default
- * options on first use. The pointer is borrowed: do not destroy it. May block on creation. */
+ * options on first use. The pointer is borrowed: do not destroy it; it stays valid until
+ * arcpool_default_allocator_set replaces it. Thread-safe. May block on creation. */
 ARCPOOL_API arcpool_status_t arcpool_default_allocator_get(int device,
                                                            arcpool_allocator_t** out_allocator);
 
