@@ -33,6 +33,12 @@ struct word_range {
   __device__ uint64_t tail_start() const { return head + vecs * 4; }
 };
 
+/// The kernels store whole 32-bit words: an unaligned start would be a misaligned-address
+/// fault, which is sticky (the context would be lost for every later test).
+bool word_aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 4 == 0;
+}
+
 __device__ uint64_t global_thread() {
   return static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
@@ -130,6 +136,7 @@ unsigned blocks_for(const word_range& r, const void* kernel) {
 }  // namespace
 
 cudaError_t fill_async(void* p, size_t bytes, uint64_t tag, uint64_t first_word, cudaStream_t s) {
+  if (!word_aligned(p)) return cudaErrorInvalidValue;
   const word_range r = word_range::of(p, bytes, first_word);
   if (r.count == 0) return cudaSuccess;
   fill_kernel<<<blocks_for(r, reinterpret_cast<const void*>(&fill_kernel)), kThreads, 0, s>>>(
@@ -139,6 +146,7 @@ cudaError_t fill_async(void* p, size_t bytes, uint64_t tag, uint64_t first_word,
 
 cudaError_t verify_async(const void* p, size_t bytes, uint64_t tag, uint64_t first_word,
                          verify_counters* counters, cudaStream_t s) {
+  if (!word_aligned(p)) return cudaErrorInvalidValue;
   const word_range r = word_range::of(p, bytes, first_word);
   if (r.count == 0) return cudaSuccess;
   verify_kernel<<<blocks_for(r, reinterpret_cast<const void*>(&verify_kernel)), kThreads, 0, s>>>(
@@ -147,6 +155,7 @@ cudaError_t verify_async(const void* p, size_t bytes, uint64_t tag, uint64_t fir
 }
 
 cudaError_t poison_async(void* p, size_t bytes, cudaStream_t s) {
+  if (!word_aligned(p)) return cudaErrorInvalidValue;
   const word_range r = word_range::of(p, bytes, 0);
   if (r.count == 0) return cudaSuccess;
   poison_kernel<<<blocks_for(r, reinterpret_cast<const void*>(&poison_kernel)), kThreads, 0, s>>>(

@@ -21,7 +21,8 @@ struct verify_counters {
   unsigned long long words;           ///< words verified
 };
 
-/// Writes the pattern of `tag` over [p, p + bytes) on `s`, in 16-byte stores.
+/// Writes the pattern of `tag` over [p, p + bytes) on `s`, in 16-byte stores. `p` must be
+/// 4-byte aligned (as for verify_async and poison_async): cudaErrorInvalidValue otherwise.
 cudaError_t fill_async(void* p, size_t bytes, uint64_t tag, uint64_t first_word, cudaStream_t s);
 
 /// Counts mismatches of [p, p + bytes) against the pattern of `tag` into `*counters` (one

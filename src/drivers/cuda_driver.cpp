@@ -19,7 +19,9 @@ arcpool_status_t check(cudaError_t e, const char* what) {
   if (e == cudaErrorMemoryAllocation) status = ARCPOOL_STATUS_OUT_OF_MEMORY;
   if (e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
       e == cudaErrorStreamCaptureImplicit || e == cudaErrorCapturedEvent ||
-      e == cudaErrorStreamCaptureWrongThread) {
+      e == cudaErrorStreamCaptureWrongThread || e == cudaErrorStreamCaptureIsolation ||
+      e == cudaErrorStreamCaptureMerge || e == cudaErrorStreamCaptureUnmatched ||
+      e == cudaErrorStreamCaptureUnjoined) {
     status = ARCPOOL_STATUS_UNSUPPORTED;
   }
   return fail(status, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -42,6 +44,20 @@ class device_guard {
  private:
   int previous_ = -1;
   bool changed_ = false;
+};
+
+/// Relaxed stream-capture mode for the scope. Queries and synchronizations are "potentially
+/// unsafe" calls: in the default (global) mode they would fail, and invalidate the capture,
+/// while any thread captures a graph. arcpool's own calls never touch a capturing stream.
+class relaxed_capture_guard {
+ public:
+  relaxed_capture_guard() { cudaThreadExchangeStreamCaptureMode(&previous_); }
+  ~relaxed_capture_guard() { cudaThreadExchangeStreamCaptureMode(&previous_); }
+  relaxed_capture_guard(const relaxed_capture_guard&) = delete;
+  relaxed_capture_guard& operator=(const relaxed_capture_guard&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
 };
 
 /// The status of a call skipped because the process is exiting.
@@ -90,6 +106,7 @@ class cuda_driver final : public driver {
   arcpool_status_t stream_synchronize(stream_handle s) override {
     if (process_exiting()) return exiting("cudaStreamSynchronize");
     device_guard guard(device_);
+    relaxed_capture_guard relaxed;
     return check(cudaStreamSynchronize(cu(s)), "cudaStreamSynchronize");
   }
 
@@ -163,8 +180,13 @@ class cuda_driver final : public driver {
 
   arcpool_status_t event_query(event_handle e, bool* done) override {
     if (process_exiting()) return exiting("cudaEventQuery");
+    device_guard guard(device_);
+    relaxed_capture_guard relaxed;
     const cudaError_t r = cudaEventQuery(cu(e));
     if (r == cudaErrorNotReady) {
+      // Not an error, but the runtime records it as this thread's last error: clear it, or the
+      // application's next cudaGetLastError() (after a kernel launch, say) reports it.
+      if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
       *done = false;
       return ARCPOOL_STATUS_SUCCESS;
     }
@@ -175,6 +197,8 @@ class cuda_driver final : public driver {
 
   arcpool_status_t event_synchronize(event_handle e) override {
     if (process_exiting()) return exiting("cudaEventSynchronize");
+    device_guard guard(device_);
+    relaxed_capture_guard relaxed;
     return check(cudaEventSynchronize(cu(e)), "cudaEventSynchronize");
   }
 
@@ -193,6 +217,7 @@ class cuda_driver final : public driver {
   arcpool_status_t pool_trim(size_t keep_bytes) override {
     if (process_exiting()) return exiting("cudaMemPoolTrimTo");
     device_guard guard(device_);
+    relaxed_capture_guard relaxed;
     return check(cudaMemPoolTrimTo(pool_, keep_bytes), "cudaMemPoolTrimTo");
   }
 
@@ -201,19 +226,25 @@ class cuda_driver final : public driver {
     if (process_exiting()) return f;
     device_guard guard(device_);
     uint64_t value = 0;
-    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &value) == cudaSuccess)
-      f.reserved_current = value;
-    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &value) == cudaSuccess)
-      f.reserved_peak = value;
-    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &value) == cudaSuccess)
-      f.used_current = value;
-    cudaGetLastError();
+    bool failed = false;
+    auto read = [&](cudaMemPoolAttr attr, uint64_t* out) {
+      if (cudaMemPoolGetAttribute(pool_, attr, &value) == cudaSuccess) {
+        *out = value;
+      } else {
+        failed = true;
+      }
+    };
+    read(cudaMemPoolAttrReservedMemCurrent, &f.reserved_current);
+    read(cudaMemPoolAttrReservedMemHigh, &f.reserved_peak);
+    read(cudaMemPoolAttrUsedMemCurrent, &f.used_current);
+    if (failed) cudaGetLastError();  // ours only: never the application's pending error
     return f;
   }
 
   arcpool_status_t device_memory(size_t* out) override {
     if (process_exiting()) return exiting("cudaMemGetInfo");
     device_guard guard(device_);
+    relaxed_capture_guard relaxed;
     size_t free_bytes = 0;
     return check(cudaMemGetInfo(&free_bytes, out), "cudaMemGetInfo");
   }
@@ -221,6 +252,7 @@ class cuda_driver final : public driver {
   arcpool_status_t device_synchronize() override {
     if (process_exiting()) return exiting("cudaDeviceSynchronize");
     device_guard guard(device_);
+    relaxed_capture_guard relaxed;
     return check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 
@@ -238,10 +270,7 @@ class cuda_driver final : public driver {
 
 arcpool_status_t set_pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, int value,
                                     const char* name) {
-  if (cudaMemPoolSetAttribute(pool, attr, &value) != cudaSuccess) {
-    return check(cudaGetLastError(), name);
-  }
-  return ARCPOOL_STATUS_SUCCESS;
+  return check(cudaMemPoolSetAttribute(pool, attr, &value), name);
 }
 
 arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* out) {

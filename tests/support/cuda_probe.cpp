@@ -3,11 +3,17 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "support/stream_probe.hpp"
 
 namespace arcpool::test {
 namespace {
+
+// A gate (cuStreamWaitValue32) holds its stream's hardware queue; with CUDA's default of 8
+// queues another stream of the same test could land behind it and seem to wait. 32 queues give
+// each of a test's few, consecutively created streams its own. Set before CUDA initializes.
+const bool kOwnQueues = setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0) == 0;
 
 // Stream memory operations come from the driver API, reached through the runtime so that the
 // test binaries do not need libcuda.so on machines without a GPU.
@@ -24,12 +30,12 @@ stream_value_fn driver_entry_point(const char* symbol) {
 
 CUresult stream_wait_value(CUstream s, CUdeviceptr address, cuuint32_t value, unsigned flags) {
   static const stream_value_fn fn = driver_entry_point("cuStreamWaitValue32");
-  return fn(s, address, value, flags);
+  return fn != nullptr ? fn(s, address, value, flags) : CUDA_ERROR_NOT_FOUND;
 }
 
 CUresult stream_write_value(CUstream s, CUdeviceptr address, cuuint32_t value, unsigned flags) {
   static const stream_value_fn fn = driver_entry_point("cuStreamWriteValue32");
-  return fn(s, address, value, flags);
+  return fn != nullptr ? fn(s, address, value, flags) : CUDA_ERROR_NOT_FOUND;
 }
 
 /// One 32-bit word of mapped pinned host memory, visible to the device and the host.
