@@ -21,10 +21,10 @@ for step in range(20):
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
-    with torch.cuda.stream(side):  # a side stream reads the activations...
-        side.wait_stream(torch.cuda.current_stream())
+    side.wait_stream(torch.cuda.current_stream())  # the side stream sees x written...
+    with torch.cuda.stream(side):  # ...and reads it
         norm = x.norm()
-    x.record_stream(side)  # ...so their free waits for it (an arcpool use record)
+    x.record_stream(side)  # so its free waits for the side stream (an arcpool use record)
 
 torch.cuda.synchronize()
 stats = arcpool.torch.stats()

@@ -1,5 +1,5 @@
 // libarcpool_torch: the exact C signatures PyTorch's CUDAPluggableAllocator calls, plus the
-// hooks it accepts as C function pointers (record-stream, empty-cache, memory-fraction, init),
+// hooks it accepts as C function pointers (record-stream, empty-cache, memory-fraction),
 // served by arcpool's per-device default allocators. Loaded by arcpool.torch.install().
 //
 // A failure PyTorch must see (out of memory; a stream capturing a CUDA graph, which arcpool
@@ -8,6 +8,7 @@
 // RuntimeError with that message, never a mysterious out-of-memory.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -22,15 +23,10 @@ namespace {
   throw std::runtime_error(std::string("arcpool: ") + what + ": " + arcpool_last_error());
 }
 
-int g_device_count = 0;
-
-int device_count() {
-  if (g_device_count == 0 && cudaGetDeviceCount(&g_device_count) != cudaSuccess) {
-    cudaGetLastError();
-    g_device_count = 1;
-  }
-  return g_device_count;
-}
+/// Devices this shim allocated on (empty_cache trims only those: asking for another device's
+/// default allocator would create it, and a CUDA context with it).
+constexpr int kMaxDevices = 64;
+std::atomic<bool> g_used[kMaxDevices] = {};
 
 }  // namespace
 
@@ -39,6 +35,9 @@ ARCPOOL_TORCH_API void* arcpool_torch_malloc(size_t size, int device, cudaStream
   if (size == 0) return nullptr;
   void* p = arcpool_malloc_async(size, device, reinterpret_cast<arcpool_stream_t>(stream));
   if (p == nullptr) raise("allocation failed");
+  if (device >= 0 && device < kMaxDevices && !g_used[device].load(std::memory_order_relaxed)) {
+    g_used[device].store(true, std::memory_order_relaxed);
+  }
   return p;
 }
 
@@ -51,17 +50,23 @@ ARCPOOL_TORCH_API void arcpool_torch_free(void* ptr, size_t size, int device, cu
   }
 }
 
-/// Tensor.record_stream: the free waits for `stream`'s work (arcpool's use record).
+/// Tensor.record_stream: the free waits for `stream`'s work (arcpool's use record). As
+/// PyTorch's own allocator, it does nothing for an empty tensor (null) or for memory another
+/// allocator made (CUDA IPC, DLPack, from_blob): those frees are not arcpool's to order.
 ARCPOOL_TORCH_API void arcpool_torch_record_stream(void* ptr, cudaStream_t stream) {
-  if (arcpool_record_stream(ptr, reinterpret_cast<arcpool_stream_t>(stream)) !=
-      ARCPOOL_STATUS_SUCCESS) {
+  if (ptr == nullptr) return;
+  const arcpool_status_t status =
+      arcpool_record_stream(ptr, reinterpret_cast<arcpool_stream_t>(stream));
+  if (status != ARCPOOL_STATUS_SUCCESS && status != ARCPOOL_STATUS_UNKNOWN_POINTER) {
     raise("record_stream failed");
   }
 }
 
-/// torch.cuda.empty_cache: flush the caches, complete pending frees, trim every device's pool.
+/// torch.cuda.empty_cache: flush the caches, complete pending frees, trim the pool of every
+/// device this shim allocated on.
 ARCPOOL_TORCH_API void arcpool_torch_empty_cache() {
-  for (int d = 0; d < device_count(); ++d) {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (!g_used[d].load(std::memory_order_relaxed)) continue;
     arcpool_allocator_t* a = nullptr;
     if (arcpool_default_allocator_get(d, &a) == ARCPOOL_STATUS_SUCCESS) {
       arcpool_allocator_trim(a, 0);
@@ -78,9 +83,4 @@ ARCPOOL_TORCH_API void arcpool_torch_set_memory_fraction(double fraction, int de
     raise("set_memory_fraction failed");
   }
   arcpool_allocator_set_hard_limit(a, static_cast<size_t>(fraction * static_cast<double>(total)));
-}
-
-/// PyTorch's init hook: the number of devices.
-ARCPOOL_TORCH_API void arcpool_torch_init(int count) {
-  g_device_count = count;
 }

@@ -37,6 +37,7 @@ struct config {
   size_t live_per_thread = 48;
   uint64_t seed = 1;
   bool poison = false;
+  bool no_cache = false;  // every free reaches the pool (what compute-sanitizer can see)
   const char* json = nullptr;
 };
 
@@ -327,13 +328,15 @@ bool parse(int argc, char** argv, config* c) {
       c->seed = std::strtoull(value(), nullptr, 10);
     } else if (a == "--poison") {
       c->poison = true;
+    } else if (a == "--no-cache") {
+      c->no_cache = true;
     } else if (a == "--json") {
       c->json = value();
     } else {
       std::fprintf(stderr,
                    "usage: %s [--driver auto|cuda|host] [--streams N] [--threads N] "
                    "[--seconds S | --ops N] [--min-bytes N] [--max-bytes N] [--live N] "
-                   "[--sync-every N] [--seed N] [--poison] [--json FILE]\n",
+                   "[--sync-every N] [--seed N] [--poison] [--no-cache] [--json FILE]\n",
                    argv[0]);
       return false;
     }
@@ -371,10 +374,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   arcpool_allocator_t* alloc = probe;
-  if (cfg.poison) {
+  if (cfg.poison || cfg.no_cache) {
     // Poison mode: every free is preceded by a poison fill on the freeing stream.
-    options.before_free = &workload::poison_before_free;
-    options.before_free_user_data = work.get();
+    if (cfg.poison) {
+      options.before_free = &workload::poison_before_free;
+      options.before_free_user_data = work.get();
+    }
+    if (cfg.no_cache) options.stream_cache_bytes = 0;
     if (arcpool_allocator_create(&options, &alloc) != ARCPOOL_STATUS_SUCCESS) {
       std::fprintf(stderr, "arcpool-stress: %s\n", arcpool_last_error());
       return 1;
@@ -393,11 +399,12 @@ int main(int argc, char** argv) {
     }
     s.streams.push_back(st);
   }
-  std::printf("arcpool-stress: %s driver, %d streams x %d threads, %s, sizes %zu..%zu bytes%s\n",
+  std::printf("arcpool-stress: %s driver, %d streams x %d threads, %s, sizes %zu..%zu bytes%s%s\n",
               arcpool_driver_name(options.driver), cfg.streams, cfg.threads,
               cfg.ops ? (std::to_string(cfg.ops) + " ops per thread").c_str()
                       : (std::to_string(cfg.seconds) + " s").c_str(),
-              cfg.min_bytes, cfg.max_bytes, cfg.poison ? ", poison on free" : "");
+              cfg.min_bytes, cfg.max_bytes, cfg.poison ? ", poison on free" : "",
+              cfg.no_cache ? ", cache off" : "");
 
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
@@ -448,10 +455,10 @@ int main(int argc, char** argv) {
   std::printf("pool reserved: peak %" PRIu64 " bytes\n", st.pool_reserved_bytes_peak);
   std::printf("frees %" PRIu64 " (same-stream %" PRIu64 ", cross-stream %" PRIu64
               ", deferred %" PRIu64 ", origin-routed %" PRIu64 ", fallbacks %" PRIu64
-              "), implicit %" PRIu64 ", ignored %" PRIu64 "\n",
+              "), implicit %" PRIu64 ", ignored %" PRIu64 ", cache hits %" PRIu64 "\n",
               after.frees, after.same_stream_frees, after.cross_stream_frees, after.deferred_frees,
               after.origin_routed_frees, after.origin_fallbacks, after.implicit_frees,
-              after.ignored_deallocations);
+              after.ignored_deallocations, after.cache_hits);
   std::printf("verified words: %" PRIu64 "\nmismatches: %" PRIu64 "\nerrors: %" PRIu64 "\n", words,
               mismatches, s.errors.load());
   for (const std::string& e : s.first_errors)

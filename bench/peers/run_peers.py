@@ -9,7 +9,8 @@ Workloads:
   alloc        time per allocation+free of a tensor (allocation-heavy loop, mixed sizes)
   record_ahead tensors used on a side stream with record_stream while the CPU runs ahead of the
                GPU (no synchronization for many steps): peak reserved and time per step
-  cupy_alloc   CuPy: time per allocation+free and peak held bytes
+  cupy_alloc   CuPy: time per allocation+free and the bytes the allocator holds at the end (its
+               cache included; the same figure for every allocator)
 
 Usage: run_peers.py --out peers.json   (PYTHONPATH must reach arcpool's package)
 """
@@ -26,10 +27,14 @@ TORCH_CONFIGS = {
                               "install": ""},
     "arcpool": {"env": {}, "install": "import arcpool.torch; arcpool.torch.install()"},
 }
+# Each installs the allocator and defines held(): the bytes it holds now (cache included).
 CUPY_CONFIGS = {
-    "cupy-MemoryPool": "cupy.cuda.set_allocator(cupy.cuda.MemoryPool().malloc)",
-    "cupy-MemoryAsyncPool": "cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)",
-    "arcpool": "import arcpool.cupy; arcpool.cupy.install()",
+    "cupy-MemoryPool": "pool = cupy.cuda.MemoryPool(); cupy.cuda.set_allocator(pool.malloc)\n"
+                       "held = pool.total_bytes",
+    "cupy-MemoryAsyncPool": "pool = cupy.cuda.MemoryAsyncPool(); "
+                            "cupy.cuda.set_allocator(pool.malloc)\nheld = pool.total_bytes",
+    "arcpool": "import arcpool, arcpool.cupy; arcpool.cupy.install()\n"
+               "held = lambda: arcpool.stats()['arcpool.bytes_held_current']",
 }
 
 TORCH_PRELUDE = """
@@ -72,8 +77,8 @@ torch.cuda.synchronize(); t = time.perf_counter()
 for step in range(200):
     x = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
     torch.cuda._sleep(200_000)                # the main stream is busy
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        side.wait_stream(torch.cuda.current_stream())
         torch.cuda._sleep(400_000)            # the side stream uses x for longer
         y = x[:16].clone()
     x.record_stream(side)
@@ -117,10 +122,8 @@ def main():
             print(json.dumps(row), flush=True)
             results.append(row)
     for name, install in CUPY_CONFIGS.items():
-        code = "import cupy\n" + install + "\n" + CUPY_WORKLOAD + (
-            "\nresult['peak_held_bytes'] = cupy.get_default_memory_pool().total_bytes() "
-            "if 'arcpool' not in " + repr(name) + " else "
-            "__import__('arcpool').stats()['arcpool.bytes_held_peak']\nprint(json.dumps(result))")
+        code = ("import cupy\n" + install + "\n" + CUPY_WORKLOAD +
+                "\nresult['held_bytes_end'] = held()\nprint(json.dumps(result))")
         row = {"workload": "cupy_alloc", "allocator": name, **run(code, {})}
         print(json.dumps(row), flush=True)
         results.append(row)

@@ -19,7 +19,8 @@ class _Block:
         self._cupy, self.pointer, self.size, self.device = cupy, pointer, size, device
 
     def __del__(self):
-        stream = self._cupy.cuda.get_current_stream().ptr
+        with self._cupy.cuda.Device(self.device):  # that device's current stream
+            stream = self._cupy.cuda.get_current_stream().ptr
         _lib.lib.arcpool_free_async(self.pointer, self.size, self.device, stream)
 
 
@@ -31,7 +32,8 @@ def install():
     def malloc(size):
         device = cupy.cuda.Device().id
         if size == 0:
-            return cupy.cuda.memory.MemoryPointer(cupy.cuda.memory.UnownedMemory(0, 0, None), 0)
+            return cupy.cuda.memory.MemoryPointer(
+                cupy.cuda.memory.UnownedMemory(0, 0, None, device), 0)
         stream = cupy.cuda.get_current_stream().ptr
         pointer = _lib.lib.arcpool_malloc_async(size, device, stream)
         if not pointer:

@@ -7,8 +7,9 @@
 
 install() wires every hook PyTorch accepts as a C function pointer: alloc / free (the free
 receives the allocation stream), record_stream (Tensor.record_stream becomes an arcpool use
-record: without it record_stream would silently do nothing), empty_cache, memory fraction (a
-hard limit enforced by arcpool's counter) and init.
+record: without it record_stream would silently do nothing), empty_cache and memory fraction
+(a hard limit enforced by arcpool's counter). Each device's allocator is created on its first
+allocation.
 
 CUDA graph capture is not supported yet: PyTorch's graph-pool hooks take C++ types and need a
 shim built against libtorch. An allocation on a capturing stream raises RuntimeError with
@@ -60,7 +61,6 @@ def install():
         "set_record_stream_fn": "arcpool_torch_record_stream",
         "set_reset_fn": "arcpool_torch_empty_cache",
         "set_memory_fraction_fn": "arcpool_torch_set_memory_fraction",
-        "set_init_fn": "arcpool_torch_init",
     }
     for setter, function in hooks.items():
         set_hook = getattr(native, setter, None)

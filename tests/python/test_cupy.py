@@ -23,13 +23,23 @@ class CupyDropIn(unittest.TestCase):
         before = arcpool.cupy.stats()["arcpool.allocations"]
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
-            a = cupy.arange(1 << 20, dtype=cupy.float32)
+            a = cupy.arange(1 << 20, dtype=cupy.float64)  # float64: the sum is exact
             b = (a * 2).sum()
         stream.synchronize()
         self.assertEqual(float(b), float((1 << 20) * ((1 << 20) - 1)))
         self.assertGreater(arcpool.cupy.stats()["arcpool.allocations"], before)
         del a
         stream.synchronize()
+
+    def test_zero_size_arrays(self):
+        import cupy
+
+        import arcpool.cupy
+
+        arcpool.cupy.install()
+        empty = cupy.empty(0, dtype=cupy.float32)
+        self.assertEqual(0, empty.size)
+        self.assertEqual(0.0, float(cupy.zeros(0).sum()))
 
 
 if __name__ == "__main__":

@@ -34,17 +34,35 @@ class TorchDropIn(unittest.TestCase):
             arcpool.torch.install()
             side = torch.cuda.Stream()
             x = torch.full((1 << 24,), 3.0, device="cuda")
-            torch.cuda._sleep(50_000_000)            # the default stream is busy
+            side.wait_stream(torch.cuda.current_stream())  # the side stream sees x filled
             with torch.cuda.stream(side):
-                side.wait_stream(torch.cuda.current_stream())
-                y = x * 2                             # x used on the side stream
+                torch.cuda._sleep(200_000_000)            # the side stream is busy...
+                y = x * 2                                 # ...and then reads x
             x.record_stream(side)
-            del x                                     # freed while the side stream may still read it
-            z = torch.zeros(1 << 24, device="cuda")  # same size, may not reuse x's memory early
+            del x  # freed on the default stream, which is idle, long before the side stream read it
+            z = torch.full((1 << 24,), 7.0, device="cuda")  # same size: must not get x's memory
             torch.cuda.synchronize()
-            assert float(y.sum()) == 6.0 * (1 << 24), float(y.sum())
+            assert bool((y == 6.0).all()), "the side stream read memory that was reused early"
+            assert bool((z == 7.0).all())
             s = arcpool.torch.stats()
             assert s["arcpool.use_records"] >= 1, s
+            print("ok")
+        """)
+
+    def test_record_stream_ignores_empty_and_foreign_tensors(self):
+        self.check("""
+            arcpool.torch.install()
+            side = torch.cuda.Stream()
+            torch.empty(0, device="cuda").record_stream(side)  # null storage
+            shared = torch.from_dlpack(torch.ones(4, device="cuda"))
+            shared.record_stream(side)  # arcpool's memory seen through DLPack: recorded
+            try:
+                import cupy  # CuPy's own pool: memory arcpool did not allocate
+            except ImportError:
+                cupy = None
+            if cupy is not None:
+                torch.from_dlpack(cupy.ones(4, dtype=cupy.float32)).record_stream(side)
+            assert arcpool.torch.stats()["arcpool.use_records"] == 1
             print("ok")
         """)
 
