@@ -22,5 +22,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/arcpoolConfigVersion.cmak
 install(FILES ${PROJECT_BINARY_DIR}/arcpoolConfig.cmake
               ${PROJECT_BINARY_DIR}/arcpoolConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/arcpool)
+# Newer CMake may give several include directories: one -I each.
+list(JOIN CUDAToolkit_INCLUDE_DIRS " -I" ARCPOOL_PC_CUDA_INCLUDES)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/arcpool.pc.in ${PROJECT_BINARY_DIR}/arcpool.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/arcpool.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

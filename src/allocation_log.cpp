@@ -12,6 +12,16 @@
 
 namespace arcpool::detail {
 
+std::string numbered_log_path(const std::string& path, unsigned n) {
+  if (n == 0) return path;
+  const size_t slash = path.find_last_of('/');
+  const size_t dot = path.find_last_of('.');
+  const bool has_extension =
+      dot != std::string::npos && dot != 0 && (slash == std::string::npos || dot > slash + 1);
+  const std::string number = "." + std::to_string(n);
+  return has_extension ? path.substr(0, dot) + number + path.substr(dot) : path + number;
+}
+
 arcpool_status_t allocation_log::open(const char* path) {
   FILE* f = std::fopen(path, "w");
   if (f == nullptr) {

@@ -12,6 +12,11 @@
 
 namespace arcpool::detail {
 
+/// The log file of the `n`-th allocator that ARCPOOL_LOG=`path` opened in this process: `path`
+/// itself for the first, then "trace.1.csv", "trace.2.csv"... (the number before the extension),
+/// so that several allocators never write one file through separate offsets.
+std::string numbered_log_path(const std::string& path, unsigned n);
+
 class allocation_log {
  public:
   ~allocation_log() { close(); }

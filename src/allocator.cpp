@@ -53,7 +53,9 @@ arcpool_status_t allocator::create(const allocator_config& config, allocator** o
   ARCPOOL_RETURN_IF_ERROR(make_driver(config.driver, &drv));
   auto* a = new allocator(config, std::move(drv));
   if (const char* path = std::getenv("ARCPOOL_LOG"); path != nullptr && *path != '\0') {
-    if (arcpool_status_t status = a->log_.open(path); status != ARCPOOL_STATUS_SUCCESS) {
+    static std::atomic<unsigned> opened{0};  // allocators that opened an ARCPOOL_LOG file
+    const std::string file = numbered_log_path(path, opened.fetch_add(1));
+    if (arcpool_status_t status = a->log_.open(file.c_str()); status != ARCPOOL_STATUS_SUCCESS) {
       a->release();
       return status;
     }

@@ -103,6 +103,12 @@ void arcpool_allocator_destroy(arcpool_allocator_t* allocator) {
   if (allocator != nullptr) from_handle(allocator)->release();
 }
 
+arcpool_status_t arcpool_allocator_retain(arcpool_allocator_t* allocator) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  from_handle(allocator)->retain();
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 arcpool_driver_kind_t arcpool_allocator_driver(const arcpool_allocator_t* allocator) {
   if (allocator == nullptr) return ARCPOOL_DRIVER_AUTO;
   return from_handle(allocator)->drv().kind();

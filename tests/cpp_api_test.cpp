@@ -37,6 +37,32 @@ class CppApi : public DriverTest {
   std::unique_ptr<allocator> cpp_;
 };
 
+TEST_P(CppApi, MovingABufferIntoItselfKeepsItsClaim) {
+  stream s = cpp_->create_stream();
+  buffer b = cpp_->allocate_async(4096, s);
+  buffer& same = b;
+  b = std::move(same);
+  EXPECT_TRUE(b);
+  EXPECT_EQ(0u, cpp_stats().deallocations);
+  EXPECT_EQ(4096u, cpp_stats().bytes_in_use_current);
+}
+
+TEST_P(CppApi, AStreamKeepsItsAllocatorAliveWhateverTheDestructionOrder) {
+  // Members die in reverse order: the allocator first, then the stream that needs it.
+  struct holder {
+    stream s;
+    allocator a;
+  };
+  allocator_options options;
+  options.driver = GetParam();
+  {
+    holder h{stream(), allocator(options)};
+    h.s = h.a.create_stream();
+    h.s.synchronize();
+  }  // ASan reports a use after free here if the stream borrowed the allocator
+  SUCCEED();
+}
+
 TEST_P(CppApi, ABufferDeallocatesOnItsCurrentStreamWhenDestroyed) {
   stream producer = cpp_->create_stream();
   stream consumer = cpp_->create_stream();

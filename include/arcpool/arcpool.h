@@ -251,6 +251,10 @@ ARCPOOL_API arcpool_status_t arcpool_allocator_create(const arcpool_allocator_op
  */
 ARCPOOL_API void arcpool_allocator_destroy(arcpool_allocator_t* allocator);
 
+/** Adds a reference to the allocator, released by one more arcpool_allocator_destroy (for
+ * objects that must keep it alive, such as a stream wrapper). Thread-safe; never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_allocator_retain(arcpool_allocator_t* allocator);
+
 /** Returns the driver actually serving `allocator` (CUDA, HOST or NULL). Never blocks. */
 ARCPOOL_API arcpool_driver_kind_t arcpool_allocator_driver(const arcpool_allocator_t* allocator);
 
@@ -636,8 +640,9 @@ ARCPOOL_API arcpool_status_t arcpool_ambient_free(arcpool_allocator_t* allocator
  * Starts logging every allocation and deallocation of `allocator` to the CSV file `path` in
  * RMM's columns (Thread,Time,Action,Pointer,Size,Stream; the stream as a hexadecimal handle),
  * replayable by tools/arcpool-replay and by RMM's replay benchmark. Replaces an open log. The
- * environment variable ARCPOOL_LOG=path opens one when an allocator is created. Thread-safe;
- * blocks on file I/O.
+ * environment variable ARCPOOL_LOG=path opens one when an allocator is created: `path` for the
+ * process's first allocator, then path.1, path.2... (trace.csv, trace.1.csv, ...) for the
+ * next ones. Thread-safe; blocks on file I/O.
  */
 ARCPOOL_API arcpool_status_t arcpool_allocator_log_open(arcpool_allocator_t* allocator,
                                                         const char* path);

@@ -3,8 +3,9 @@
 //
 // Ordering contract: as arcpool.h. `_async` members are stream-ordered and never block the
 // host; members without the suffix either touch no stream or say that they block.
-// Errors: members throw arcpool::error (arcpool::out_of_memory, a std::bad_alloc, for
-// OUT_OF_MEMORY). Destructors never throw and never fail.
+// Errors: members throw arcpool::error, except for OUT_OF_MEMORY: arcpool::out_of_memory, a
+// std::bad_alloc as operator new throws (catch std::exception for both). Destructors never
+// throw and never fail.
 #pragma once
 
 #include <cstddef>
@@ -33,11 +34,14 @@ class error : public std::runtime_error {
   arcpool_status_t status_;
 };
 
-/// OUT_OF_MEMORY: the message names the bytes and the pool's figures.
+/// OUT_OF_MEMORY: the message names the bytes and the pool's figures. A std::bad_alloc, not an
+/// arcpool::error (one class cannot be both without making std::exception ambiguous).
 class out_of_memory : public std::bad_alloc {
  public:
   explicit out_of_memory(std::string message) : message_(std::move(message)) {}
   const char* what() const noexcept override { return message_.c_str(); }
+  /// ARCPOOL_STATUS_OUT_OF_MEMORY, as arcpool::error::status() would say.
+  arcpool_status_t status() const noexcept { return ARCPOOL_STATUS_OUT_OF_MEMORY; }
 
  private:
   std::string message_;
@@ -159,8 +163,10 @@ class buffer : public buffer_base {
   explicit buffer(arcpool_allocation_t* handle) noexcept : buffer_base(handle) {}
   buffer(buffer&& other) noexcept : buffer_base(std::exchange(other.handle_, nullptr)) {}
   buffer& operator=(buffer&& other) noexcept {
-    reset();
-    handle_ = std::exchange(other.handle_, nullptr);
+    if (this != &other) {
+      reset();
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
     return *this;
   }
   buffer(const buffer&) = delete;
@@ -214,8 +220,12 @@ inline shared_buffer buffer::share() && {
 class stream {
  public:
   stream() noexcept = default;
+  /// Adopts `handle`, created by `allocator`, which it keeps alive (a reference) until the
+  /// stream is destroyed: members may be destroyed in any order.
   stream(arcpool_allocator_t* allocator, stream_t handle) noexcept
-      : allocator_(allocator), handle_(handle) {}
+      : allocator_(allocator), handle_(handle) {
+    arcpool_allocator_retain(allocator_);
+  }
   stream(stream&& other) noexcept
       : allocator_(std::exchange(other.allocator_, nullptr)),
         handle_(std::exchange(other.handle_, nullptr)) {}
@@ -225,7 +235,10 @@ class stream {
     return *this;
   }
   ~stream() {
-    if (allocator_ != nullptr) arcpool_stream_destroy(allocator_, handle_);
+    if (allocator_ != nullptr) {
+      arcpool_stream_destroy(allocator_, handle_);
+      arcpool_allocator_destroy(allocator_);
+    }
   }
   /// The stream handle (a cudaStream_t on the CUDA driver).
   stream_t get() const noexcept { return handle_; }

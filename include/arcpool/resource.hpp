@@ -45,7 +45,11 @@ class memory_resource {
   /// Synchronous form: allocates on the legacy default stream and waits for it. Blocks.
   void* allocate(size_t bytes, size_t alignment) {
     void* p = allocate_async(bytes, alignment, ::cuda::stream_ref{cudaStream_t{}});
-    detail::check(arcpool_stream_synchronize(allocator_, nullptr));
+    if (const arcpool_status_t status = arcpool_stream_synchronize(allocator_, nullptr);
+        status != ARCPOOL_STATUS_SUCCESS) {
+      arcpool_allocator_free_async(allocator_, p, nullptr);  // nothing leaks
+      detail::throw_status(status);
+    }
     return p;
   }
 

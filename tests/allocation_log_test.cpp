@@ -1,0 +1,131 @@
+// The allocation log (DESIGN.md §11): RMM's CSV columns, one row per allocation and free, and
+// one file per allocator when ARCPOOL_LOG names the path. On both drivers.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "allocation_log.hpp"
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> lines_of(const fs::path& file) {
+  std::ifstream in(file);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  return lines;
+}
+
+std::vector<std::string> fields_of(const std::string& row) {
+  std::vector<std::string> fields;
+  std::stringstream in(row);
+  for (std::string field; std::getline(in, field, ',');)
+    fields.push_back(field);
+  return fields;
+}
+
+/// A fresh directory, removed with the test.
+class scratch_dir {
+ public:
+  scratch_dir() {
+    std::string pattern = (fs::temp_directory_path() / "arcpool-log-XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~scratch_dir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+class AllocationLog : public DriverTest {};
+
+TEST_P(AllocationLog, EveryAllocationAndFreeIsOneRowInRmmsColumns) {
+  scratch_dir dir;
+  const fs::path file = dir.path() / "trace.csv";
+  ASSERT_OK(arcpool_allocator_log_open(alloc_, file.c_str()));
+  arcpool_stream_t s = make_stream();
+  arcpool_allocation_t* a = allocate(12345, s);
+  void* p = data(a);
+  EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  ASSERT_OK(arcpool_allocator_log_close(alloc_));
+  arcpool_allocation_t* unlogged = allocate(64, s);  // after the close: not in the file
+  arcpool_allocation_release(unlogged);
+
+  const std::vector<std::string> lines = lines_of(file);
+  ASSERT_EQ(3u, lines.size());
+  EXPECT_EQ("Thread,Time,Action,Pointer,Size,Stream", lines[0]);
+  char pointer[32];
+  std::snprintf(pointer, sizeof pointer, "%p", p);
+  char stream[32];
+  std::snprintf(stream, sizeof stream, "%lx",
+                static_cast<unsigned long>(reinterpret_cast<uintptr_t>(s)));
+  const char* actions[] = {"allocate", "free"};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<std::string> row = fields_of(lines[1 + i]);
+    ASSERT_EQ(6u, row.size()) << lines[1 + i];
+    EXPECT_EQ(actions[i], row[2]);
+    EXPECT_EQ(pointer, row[3]);
+    EXPECT_EQ("12345", row[4]);
+    EXPECT_EQ(stream, row[5]);
+  }
+}
+
+TEST_P(AllocationLog, TheEnvironmentGivesEveryAllocatorItsOwnFile) {
+  scratch_dir dir;
+  const fs::path file = dir.path() / "trace.csv";
+  ASSERT_EQ(0, setenv("ARCPOOL_LOG", file.c_str(), 1));
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = GetParam();
+  arcpool_allocator_t* first = nullptr;
+  arcpool_allocator_t* second = nullptr;
+  const arcpool_status_t created_first = arcpool_allocator_create(&options, &first);
+  const arcpool_status_t created_second = arcpool_allocator_create(&options, &second);
+  unsetenv("ARCPOOL_LOG");
+  ASSERT_OK(created_first);
+  ASSERT_OK(created_second);
+  for (arcpool_allocator_t* a : {first, second}) {
+    arcpool_allocation_t* h = nullptr;
+    ASSERT_OK(arcpool_allocate_async(a, 4096, 0, nullptr, 0, &h));
+    EXPECT_OK(arcpool_deallocate_async(h, nullptr, 0));
+    arcpool_allocation_release(h);
+    EXPECT_OK(arcpool_stream_synchronize(a, nullptr));
+    arcpool_allocator_destroy(a);
+  }
+  std::set<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir.path())) {
+    names.insert(entry.path().filename().string());
+    const std::vector<std::string> lines = lines_of(entry.path());
+    ASSERT_EQ(3u, lines.size()) << entry.path() << ": a header, one allocation, one free";
+    EXPECT_EQ("allocate", fields_of(lines[1])[2]);
+    EXPECT_EQ("free", fields_of(lines[2])[2]);
+  }
+  EXPECT_EQ(2u, names.size()) << "two allocators, two files";
+}
+
+TEST(AllocationLogPath, LaterAllocatorsNumberTheirFilesBeforeTheExtension) {
+  EXPECT_EQ("out/trace.csv", detail::numbered_log_path("out/trace.csv", 0));
+  EXPECT_EQ("out/trace.1.csv", detail::numbered_log_path("out/trace.csv", 1));
+  EXPECT_EQ("out/trace.12.csv", detail::numbered_log_path("out/trace.csv", 12));
+  EXPECT_EQ("run.d/trace.2", detail::numbered_log_path("run.d/trace", 2));
+  EXPECT_EQ("run.d/.hidden.3", detail::numbered_log_path("run.d/.hidden", 3));
+  EXPECT_EQ("trace.3.csv", detail::numbered_log_path("trace.csv", 3));
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(AllocationLog);
+
+}  // namespace
+}  // namespace arcpool::test
