@@ -393,9 +393,10 @@ ARCPOOL_API arcpool_status_t arcpool_allocation_retain(arcpool_allocation_t* all
 
 /**
  * Releases a reference. When the last reference to an allocation goes: a deallocated record is
- * freed (indeterminate and imported memory goes back now, once its fences complete); a live
- * or unowned allocation is a leaked owner and is freed stream-ordered as an implicit free
- * (counted). NULL is a no-op. Never blocks.
+ * freed (indeterminate-lifetime memory, imported or not, goes back now, once its fences
+ * complete; other imported memory got its on_free at deallocation); a live or unowned
+ * allocation is a leaked owner and is freed stream-ordered as an implicit free (counted). NULL
+ * is a no-op. Never blocks.
  */
 ARCPOOL_API arcpool_status_t arcpool_allocation_release(arcpool_allocation_t* allocation);
 
