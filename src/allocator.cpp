@@ -248,6 +248,7 @@ size_t allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
 void allocator::flush_caches(bool include_legacy, bool synchronize) {
   // Only streams alive and not capturing: a free must never land in someone's graph.
   auto flush = [&](block_cache& cache, stream_handle h) {
+    if (cache.bytes() == 0) return;  // nothing to give back: not even a query on the stream
     bool capturing = true;
     if (driver_->stream_is_capturing(h, &capturing) != ARCPOOL_STATUS_SUCCESS || capturing) {
       return;

@@ -57,6 +57,7 @@ class block_cache {
     return given;
   }
 
+  /// Bytes cached now.
   size_t bytes() {
     std::lock_guard<spinlock> lock(lock_);
     return bytes_;
