@@ -258,12 +258,10 @@ void allocator::flush_caches(bool include_legacy, bool synchronize) {
     }
   };
   streams_.for_each([&](stream_entry& entry) {
-    entry.with_alive(
-        [&](stream_handle h) {
-          flush(entry.cache(), h);
-          return ARCPOOL_STATUS_SUCCESS;
-        },
-        ARCPOOL_STATUS_SUCCESS);
+    entry.with_alive([&](stream_handle h) {
+      flush(entry.cache(), h);
+      return ARCPOOL_STATUS_SUCCESS;
+    });
   });
   if (include_legacy) flush(legacy_cache_, legacy_default_stream());
 }
@@ -276,18 +274,15 @@ arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
   if (s.entry) {
     // A created or registered stream: enqueue only while provably alive; once retired, its
     // final fence covers everything that was queued on it.
-    bool alive = false;
-    status = s.entry->with_alive(
-        [&](stream_handle h) {
-          alive = true;
-          ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
-          return events_.record(h, s.id, out);
-        },
-        ARCPOOL_STATUS_SUCCESS);
-    if (!alive) {
+    const std::optional<arcpool_status_t> recorded = s.entry->with_alive([&](stream_handle h) {
+      ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
+      return events_.record(h, s.id, out);
+    });
+    if (!recorded) {
       *out = s.entry->final_fence();
       return ARCPOOL_STATUS_SUCCESS;
     }
+    status = *recorded;
   } else {
     // Passed in this call, or the current stream, which the caller keeps alive (§6).
     ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
@@ -663,19 +658,15 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     if (origin.provably_alive()) {
       ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, origin.id, &fences));
       // The origin stays alive for the whole call: waits, commit and free.
-      bool alive = false;
-      const arcpool_status_t status = origin.entry->with_alive(
-          [&](stream_handle h) {
-            alive = true;
-            ARCPOOL_RETURN_IF_ERROR(check_not_capturing(origin, "deallocate"));
-            ARCPOOL_RETURN_IF_ERROR(
-                commit_and_free(a, caller, force, implicit, h, cache_for(origin), fences));
-            stats::count(stats_.cross_stream_frees);
-            stats::count(stats_.origin_routed_frees);
-            return ARCPOOL_STATUS_SUCCESS;
-          },
-          ARCPOOL_STATUS_SUCCESS);
-      if (alive) return status;
+      const std::optional<arcpool_status_t> freed = origin.entry->with_alive([&](stream_handle h) {
+        ARCPOOL_RETURN_IF_ERROR(check_not_capturing(origin, "deallocate"));
+        ARCPOOL_RETURN_IF_ERROR(
+            commit_and_free(a, caller, force, implicit, h, cache_for(origin), fences));
+        stats::count(stats_.cross_stream_frees);
+        stats::count(stats_.origin_routed_frees);
+        return ARCPOOL_STATUS_SUCCESS;
+      });
+      if (freed) return *freed;
       // Retired since the check: fence again (the origin's final fence among them, if it is
       // the current stream) and free on the caller's stream.
       fences.clear();

@@ -115,16 +115,16 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
   }
   arcpool_status_t status = ARCPOOL_STATUS_UNSUPPORTED;
   if (prefer_origin && item.origin.entry) {
-    status = item.origin.entry->with_alive(
-        [&](stream_handle origin) {
-          bool capturing = true;
-          if (driver_.stream_is_capturing(origin, &capturing) != ARCPOOL_STATUS_SUCCESS ||
-              capturing) {
-            return ARCPOOL_STATUS_UNSUPPORTED;
-          }
-          return free_on(item, origin);
-        },
-        ARCPOOL_STATUS_UNSUPPORTED);
+    status = item.origin.entry
+                 ->with_alive([&](stream_handle origin) {
+                   bool capturing = true;
+                   if (driver_.stream_is_capturing(origin, &capturing) != ARCPOOL_STATUS_SUCCESS ||
+                       capturing) {
+                     return ARCPOOL_STATUS_UNSUPPORTED;
+                   }
+                   return free_on(item, origin);
+                 })
+                 .value_or(ARCPOOL_STATUS_UNSUPPORTED);
   }
   if (status == ARCPOOL_STATUS_SUCCESS) {
     if (item.routed_to_origin) stats::count(stats_.origin_routed_frees);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <unordered_map>
 #include <vector>
@@ -29,11 +30,12 @@ class stream_entry {
   bool created() const noexcept { return created_; }
 
   /// Runs `fn(handle)` while the stream is provably alive (retirement waits for it) and returns
-  /// its status; returns `dead_status` without running it once retired.
+  /// its status; returns nullopt without running it once retired (no status of `fn` can be
+  /// mistaken for retirement).
   template <class F>
-  arcpool_status_t with_alive(F&& fn, arcpool_status_t dead_status) {
+  std::optional<arcpool_status_t> with_alive(F&& fn) {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    if (!alive_.load(std::memory_order_relaxed)) return dead_status;
+    if (!alive_.load(std::memory_order_relaxed)) return std::nullopt;
     return fn(handle_);
   }
 
