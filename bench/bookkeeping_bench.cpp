@@ -6,9 +6,9 @@
 
 #include <vector>
 
-#include "allocator.hpp"
 #include "bench_defaults.hpp"
-#include "nvtx.hpp"
+#include "core/allocator.hpp"
+#include "observe/nvtx.hpp"
 
 namespace arcpool::bench {
 namespace {

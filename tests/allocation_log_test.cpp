@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "allocation_log.hpp"
+#include "observe/allocation_log.hpp"
 #include "support/driver_test.hpp"
 
 namespace arcpool::test {

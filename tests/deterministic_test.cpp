@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator.hpp"
+#include "core/allocator.hpp"
 #include "drivers/deterministic.hpp"
 #include "support/driver_test.hpp"
 

@@ -18,8 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "allocator.hpp"
 #include "arcpool/arcpool.h"
+#include "core/allocator.hpp"
 
 namespace {
 

@@ -3,8 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include "drivers/driver.hpp"
-#include "process_exit.hpp"
-#include "status.hpp"
+#include "support/process_exit.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 namespace {

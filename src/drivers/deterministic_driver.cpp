@@ -13,7 +13,7 @@
 #include <unordered_map>
 
 #include "drivers/deterministic.hpp"
-#include "status.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 namespace {

@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "drivers/driver.hpp"
-#include "status.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 

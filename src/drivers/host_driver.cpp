@@ -11,7 +11,7 @@
 
 #include "drivers/driver.hpp"
 #include "drivers/host_stream.hpp"
-#include "status.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 namespace {

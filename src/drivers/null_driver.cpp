@@ -4,8 +4,8 @@
 #include <atomic>
 
 #include "drivers/driver.hpp"
-#include "shards.hpp"
-#include "status.hpp"
+#include "support/shards.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 namespace {

@@ -4,7 +4,7 @@
 #include <sstream>
 #include <vector>
 
-#include "allocator.hpp"
+#include "core/allocator.hpp"
 #include "drivers/deterministic.hpp"
 #include "model/reference_model.hpp"
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "allocator.hpp"
 #include "arcpool/arcpool.h"
+#include "core/allocator.hpp"
 #include "support/stream_probe.hpp"
 
 namespace arcpool::test {

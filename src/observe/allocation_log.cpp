@@ -1,4 +1,4 @@
-#include "allocation_log.hpp"
+#include "observe/allocation_log.hpp"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <ctime>
 
-#include "status.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 

@@ -1,4 +1,4 @@
-#include "janitor.hpp"
+#include "core/janitor.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "allocator.hpp"
+#include "core/allocator.hpp"
 
 namespace arcpool::detail {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "arcpool/arcpool.h"
 #include "drivers/driver.hpp"
-#include "shards.hpp"
+#include "support/shards.hpp"
 
 namespace arcpool::detail {
 

@@ -1,4 +1,4 @@
-#include "status.hpp"
+#include "support/status.hpp"
 
 #include <cstdarg>
 #include <cstdio>

@@ -1,9 +1,9 @@
-#include "default_allocators.hpp"
+#include "api/default_allocators.hpp"
 
 #include <map>
 #include <mutex>
 
-#include "status.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 namespace {

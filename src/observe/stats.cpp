@@ -1,4 +1,4 @@
-#include "stats.hpp"
+#include "observe/stats.hpp"
 
 namespace arcpool::detail {
 

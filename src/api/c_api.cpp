@@ -4,12 +4,12 @@
 #include <cstring>
 #include <new>
 
-#include "allocation.hpp"
-#include "allocator.hpp"
-#include "default_allocators.hpp"
-#include "nvtx.hpp"
-#include "pointer_map.hpp"
-#include "status.hpp"
+#include "api/default_allocators.hpp"
+#include "core/allocation.hpp"
+#include "core/allocator.hpp"
+#include "core/pointer_map.hpp"
+#include "observe/nvtx.hpp"
+#include "support/status.hpp"
 
 using arcpool::detail::allocation;
 using arcpool::detail::allocator;

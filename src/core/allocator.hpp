@@ -7,16 +7,16 @@
 #include <mutex>
 #include <vector>
 
-#include "allocation.hpp"
-#include "allocation_log.hpp"
+#include "core/allocation.hpp"
+#include "core/fence.hpp"
+#include "core/options.hpp"
+#include "core/reclaimer.hpp"
+#include "core/stream.hpp"
 #include "drivers/driver.hpp"
-#include "fence.hpp"
-#include "options.hpp"
-#include "reclaimer.hpp"
-#include "refcount.hpp"
-#include "shards.hpp"
-#include "stats.hpp"
-#include "stream.hpp"
+#include "observe/allocation_log.hpp"
+#include "observe/stats.hpp"
+#include "support/refcount.hpp"
+#include "support/shards.hpp"
 
 namespace arcpool::detail {
 

@@ -1,8 +1,8 @@
 // By-pointer allocation (frameworks, memory resources) and the ambient-stream policy of callers
 // that pass no stream.
-#include "allocator.hpp"
-#include "pointer_map.hpp"
-#include "status.hpp"
+#include "core/allocator.hpp"
+#include "core/pointer_map.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 

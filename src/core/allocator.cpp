@@ -1,14 +1,14 @@
-#include "allocator.hpp"
+#include "core/allocator.hpp"
 
 #include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <thread>
 
-#include "janitor.hpp"
-#include "nvtx.hpp"
-#include "process_exit.hpp"
-#include "status.hpp"
+#include "core/janitor.hpp"
+#include "observe/nvtx.hpp"
+#include "support/process_exit.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "pointer_map.hpp"
+#include "core/pointer_map.hpp"
 
 #include <mutex>
 

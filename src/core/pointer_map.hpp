@@ -6,7 +6,7 @@
 #include <map>
 #include <shared_mutex>
 
-#include "allocation.hpp"
+#include "core/allocation.hpp"
 
 namespace arcpool::detail {
 

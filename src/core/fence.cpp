@@ -1,6 +1,6 @@
-#include "fence.hpp"
+#include "core/fence.hpp"
 
-#include "status.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 

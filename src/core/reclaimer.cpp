@@ -1,10 +1,10 @@
-#include "reclaimer.hpp"
+#include "core/reclaimer.hpp"
 
 #include <algorithm>
 #include <utility>
 
-#include "process_exit.hpp"
-#include "status.hpp"
+#include "support/process_exit.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 

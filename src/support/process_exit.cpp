@@ -1,4 +1,4 @@
-#include "process_exit.hpp"
+#include "support/process_exit.hpp"
 
 #include <atomic>
 #include <cstdlib>

@@ -1,9 +1,9 @@
-#include "options.hpp"
+#include "core/options.hpp"
 
 #include <cstddef>
 #include <cstring>
 
-#include "status.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 namespace {

@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/fence.hpp"
+#include "core/stream.hpp"
 #include "drivers/driver.hpp"
-#include "fence.hpp"
-#include "stats.hpp"
-#include "stream.hpp"
+#include "observe/stats.hpp"
 
 namespace arcpool::detail {
 

@@ -10,9 +10,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "block_cache.hpp"
+#include "core/block_cache.hpp"
+#include "core/fence.hpp"
 #include "drivers/driver.hpp"
-#include "fence.hpp"
 
 namespace arcpool::detail {
 

@@ -1,4 +1,4 @@
-#include "shards.hpp"
+#include "support/shards.hpp"
 
 #include <mutex>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "ownership.hpp"
+#include "core/ownership.hpp"
 
 namespace arcpool::detail {
 

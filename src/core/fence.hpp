@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "drivers/driver.hpp"
-#include "refcount.hpp"
-#include "shards.hpp"
-#include "small_vector.hpp"
+#include "support/refcount.hpp"
+#include "support/shards.hpp"
+#include "support/small_vector.hpp"
 
 namespace arcpool::detail {
 

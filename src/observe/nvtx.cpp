@@ -1,4 +1,4 @@
-#include "nvtx.hpp"
+#include "observe/nvtx.hpp"
 
 #include <nvtx3/nvToolsExt.h>
 #include <nvtx3/nvToolsExtMem.h>

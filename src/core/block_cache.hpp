@@ -7,7 +7,7 @@
 #include <mutex>
 #include <vector>
 
-#include "spinlock.hpp"
+#include "support/spinlock.hpp"
 
 namespace arcpool::detail {
 

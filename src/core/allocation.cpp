@@ -1,8 +1,8 @@
-#include "allocation.hpp"
+#include "core/allocation.hpp"
 
 #include <cstdio>
 
-#include "allocator.hpp"
+#include "core/allocator.hpp"
 
 namespace arcpool::detail {
 

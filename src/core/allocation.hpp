@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "arcpool/arcpool.h"
-#include "fence.hpp"
-#include "ownership.hpp"
-#include "refcount.hpp"
-#include "stream.hpp"
+#include "core/fence.hpp"
+#include "core/ownership.hpp"
+#include "core/stream.hpp"
+#include "support/refcount.hpp"
 
 namespace arcpool::detail {
 class allocation;

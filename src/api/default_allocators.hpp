@@ -1,7 +1,7 @@
 // The per-device allocators serving the raw-pointer entry points.
 #pragma once
 
-#include "allocator.hpp"
+#include "core/allocator.hpp"
 
 namespace arcpool::detail {
 

@@ -1,6 +1,6 @@
-#include "stream.hpp"
+#include "core/stream.hpp"
 
-#include "status.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 
