@@ -42,7 +42,7 @@ class HostDriver : public ::testing::Test {
         s,
         [](void* p) {
           auto* flag = static_cast<std::shared_ptr<std::atomic<bool>>*>(p);
-          detail::host_work_blocking blocking;
+          detail::host_work_blocking blocking({}, [open = *flag] { return open->load(); });
           while (!(*flag)->load())
             std::this_thread::yield();
           delete flag;
@@ -73,6 +73,21 @@ TEST_F(HostDriver, AWaitCapturesTheEventsRecordAtTheCall) {
   ASSERT_OK(drv_->event_synchronize(e_));
   ASSERT_OK(drv_->event_query(e_, &done));
   EXPECT_TRUE(done);
+}
+
+TEST_F(HostDriver, SettleReturnsOnlyWhenTheStreamCannotProgress) {
+  auto a_open = hold(a_);
+  ASSERT_OK(drv_->event_record(e_, a_));
+  ASSERT_OK(drv_->stream_wait_event(b_, e_));
+  std::atomic<bool> ran{false};
+  ASSERT_OK(drv_->launch_host_func(
+      b_, [](void* p) { static_cast<std::atomic<bool>*>(p)->store(true); }, &ran));
+  detail::host_stream_find(b_)->settle();
+  EXPECT_FALSE(ran.load()) << "b passed a wait on a stream held by the test";
+  // Now b's wait is merely slow: a runs on and completes the event. Settling b waits it out.
+  a_open->store(true);
+  detail::host_stream_find(b_)->settle();
+  EXPECT_TRUE(ran.load()) << "settle returned while b waited on a stream that could progress";
 }
 
 TEST_F(HostDriver, AnEventNeverRecordedIsComplete) {
@@ -182,6 +197,20 @@ TEST_F(HostDriver, PerThreadDefaultStreamsAreDistinctPerThread) {
   ASSERT_OK(drv_->stream_id(nullptr, &legacy));
   ASSERT_OK(drv_->stream_id(reinterpret_cast<arcpool_stream_t>(0x1), &legacy_alias));
   EXPECT_EQ(legacy, legacy_alias);
+}
+
+TEST_F(HostDriver, DeviceSynchronizeWaitsForEveryThreadsPerThreadStream) {
+  const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
+  std::shared_ptr<std::atomic<bool>> open;
+  std::atomic<bool> ran{false};
+  std::thread([&] {
+    open = hold(per_thread);  // this thread's own per-thread stream; the thread then exits
+    EXPECT_OK(drv_->launch_host_func(
+        per_thread, [](void* p) { static_cast<std::atomic<bool>*>(p)->store(true); }, &ran));
+  }).join();
+  open->store(true);
+  ASSERT_OK(drv_->device_synchronize());
+  EXPECT_TRUE(ran.load()) << "device_synchronize returned before another thread's stream ran";
 }
 
 TEST_F(HostDriver, CaptureIsSimulatedAndRefusesWork) {

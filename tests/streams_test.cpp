@@ -178,6 +178,80 @@ TEST_P(Streams, APerThreadDefaultOriginIsNeverRoutedToFromAnotherThread) {
   arcpool_allocation_release(a);
 }
 
+/// cudaStreamPerThread names the calling thread's own stream, so a handle 0x2 remembered from
+/// another thread must never be replayed: not for a fence on the current stream (an explicit
+/// free), not for the free of a dropped last claim or of a dropped last reference (§6).
+TEST_P(Streams, AnotherThreadsPerThreadDefaultStreamIsNeverEnqueuedOnFromHere) {
+  const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
+  arcpool_allocation_t* freed = nullptr;
+  arcpool_allocation_t* discarded = nullptr;
+  arcpool_allocation_t* leaked = nullptr;
+  std::thread([&] {
+    freed = allocate(kBytes, per_thread);
+    discarded = allocate(kBytes, per_thread);
+    leaked = allocate(kBytes, per_thread);
+    sync(per_thread);
+  }).join();
+  const uint64_t mine = on_host() ? touched(per_thread) : 0;
+  EXPECT_OK(arcpool_deallocate_async(freed, s_, 0));
+  if (on_host()) {
+    EXPECT_EQ(mine, touched(per_thread)) << "an explicit free fenced 0x2 on the wrong thread";
+  }
+  EXPECT_OK(arcpool_allocation_discard_and_release(discarded));
+  if (on_host()) {
+    EXPECT_EQ(mine, touched(per_thread)) << "a dropped last claim freed on the wrong thread";
+  }
+  arcpool_allocation_release(leaked);
+  if (on_host()) {
+    EXPECT_EQ(mine, touched(per_thread)) << "an implicit free enqueued on the wrong thread";
+  }
+  sync(s_);
+  finish_reclaims();
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(3u, st.frees);
+  EXPECT_EQ(0u, st.same_stream_frees);
+  EXPECT_EQ(0u, st.reclaim_failures);
+  EXPECT_EQ(0u, st.bytes_held_current);
+  arcpool_allocation_release(freed);
+}
+
+/// What another thread queued on its per-thread default stream up to an allocation (the
+/// allocation itself) or a transfer there (the waits on the donor) orders every free made from
+/// here: the fence taken when that stream was named stands for the stream this thread cannot
+/// name.
+TEST_P(Streams, AFreeFromAnotherThreadWaitsForThePerThreadStreamsAllocationAndTransfer) {
+  const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
+  arcpool_allocation_t* allocated = nullptr;
+  gate* held = nullptr;
+  std::thread([&] {
+    held = &block(per_thread);
+    allocated = allocate(kBytes, per_thread);  // queued behind the gate
+  }).join();
+  EXPECT_OK(arcpool_deallocate_async(allocated, s_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+  auto after_first = mark(s_);
+  settle(s_);
+  EXPECT_FALSE(after_first->reached()) << "freed before the other thread's stream allocated it";
+  held->open();
+  sync(s_);
+  EXPECT_TRUE(after_first->reached());
+
+  arcpool_stream_t donor = make_stream();
+  arcpool_allocation_t* transferred = allocate(kBytes, donor);
+  gate& donor_busy = block(donor);
+  fill_async(donor, data(transferred), kBytes, 0x24);
+  std::thread([&] { EXPECT_OK(arcpool_transfer(transferred, per_thread)); }).join();
+  EXPECT_OK(arcpool_deallocate_async(transferred, s_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+  auto after_second = mark(s_);
+  settle(s_);
+  EXPECT_FALSE(after_second->reached()) << "freed before the donor's work the transfer waited on";
+  donor_busy.open();
+  sync(s_);
+  EXPECT_TRUE(after_second->reached());
+  EXPECT_EQ(2u, stats().frees);
+  arcpool_allocation_release(allocated);
+  arcpool_allocation_release(transferred);
+}
+
 TEST_P(Streams, FencesComeFromARecycledEventPool) {
   arcpool_stream_t other = make_stream();
   arcpool_allocation_t* a = allocate(kBytes, s_);

@@ -68,6 +68,10 @@ class allocation final : public arcpool_allocation {
   stream_ref current;            ///< the stream the memory may be used on now
   std::vector<use_record> uses;  ///< other streams using it
   fence_list held_fences;        ///< indeterminate lifetime: fences of the deallocation
+  /// Set while `current` is a per-thread default stream: a fence taken on it when it was named
+  /// (allocate, transfer), on its own thread. Another thread cannot fence that stream, so this is
+  /// what its deallocations and transfers wait on (DESIGN.md §6).
+  fence_ref current_fence;
 
   bool indeterminate() const noexcept {
     return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;

@@ -141,11 +141,13 @@ arcpool_status_t allocator::resolve_stream(stream_handle s, stream_ref* out) {
   for (const stream_cache_line& line : t_stream_cache) {
     if (line.handle == s && line.registry == streams_.uid() && line.version == version) {
       *out = stream_ref{s, line.id, line.kind, line.entry};
+      if (line.kind == stream_kind::per_thread_default) out->thread = this_thread_serial();
       return ARCPOOL_STATUS_SUCCESS;
     }
   }
   out->handle = s;
   out->kind = kind_of(s);
+  out->thread = out->kind == stream_kind::per_thread_default ? this_thread_serial() : 0;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_id(s, &out->id));
   out->entry = out->kind == stream_kind::application ? streams_.find(out->id) : nullptr;
   if (out->entry != nullptr || out->kind != stream_kind::application) {
@@ -305,6 +307,13 @@ arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* call
   };
   auto take = [&](const stream_ref& s) -> arcpool_status_t {
     if (!fresh(s.id)) return ARCPOOL_STATUS_SUCCESS;
+    if (!s.reachable()) {
+      // Another thread's per-thread default stream (the current stream, or an implicit free's
+      // caller, which is the current stream): its handle would name this thread's stream. The
+      // fence taken when it was named stands for it (§6).
+      if (a.current_fence && s.id == a.current.id) out->push_back(a.current_fence);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
     fence_ref f;
     ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
     out->push_back(std::move(f));
@@ -422,15 +431,28 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
     }
     p.data = align_up(p.base, alignment);
   }
-  p.serial = next_serial();
-  allocation* a = new (std::nothrow) allocation(*this, p);
-  if (a == nullptr) {
+  auto give_back = [&] {
     if (p.base != nullptr) {
       driver_->pool_free(p.base, p.held_bytes, s);
       stats_.bytes_held.sub(p.held_bytes);
     }
+  };
+  // Another thread may deallocate or transfer it, and cannot fence this thread's per-thread
+  // default stream: fence it now, after the allocation (§6).
+  fence_ref named;
+  if (p.origin.kind == stream_kind::per_thread_default && p.base != nullptr) {
+    if (arcpool_status_t status = take_fence(p.origin, &named); status != ARCPOOL_STATUS_SUCCESS) {
+      give_back();
+      return status;
+    }
+  }
+  p.serial = next_serial();
+  allocation* a = new (std::nothrow) allocation(*this, p);
+  if (a == nullptr) {
+    give_back();
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
   }
+  a->current_fence = std::move(named);
   record_created();
   stats::count(stats_.allocations);
   if (log_.enabled()) log_.write("allocate", p.data, size, s);
@@ -561,6 +583,7 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
         ownership_failure(a, a.owners.accept_deallocation(force), "deallocate"));
   }
   stats::count(implicit ? stats_.implicit_frees : stats_.deallocations);
+  a.current_fence = fence_ref();  // the deallocation's fences were collected before the commit
   if (log_.enabled() && !a.external()) {
     log_.write("free", a.placement.data, a.placement.size, stream);
   }
@@ -641,10 +664,14 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   }
 
   // A retired current stream cannot be enqueued on: its final fence goes to the reclaimer.
-  // (An implicit free's caller is the current stream, so it may be retired too: then nothing
-  // is enqueued on it.) Every other route fences or frees on the caller's stream.
-  if (!caller.retired()) ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
-  route r = a.current.retired() ? route::deferred : choose_route(a, caller, flags);
+  // An implicit free's caller is the current stream, so it may be retired too, or be another
+  // thread's per-thread default stream (never touched from here, §6): then nothing is enqueued
+  // on it and the reclaimer frees once its fences completed. Every other route fences or frees
+  // on the caller's stream.
+  const bool caller_usable = !caller.retired() && caller.reachable();
+  if (caller_usable) ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
+  route r =
+      a.current.retired() || !caller_usable ? route::deferred : choose_route(a, caller, flags);
   const stream_ref& origin = a.placement.origin;
 
   if (r == route::same_stream) {
@@ -767,8 +794,14 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   fence_list fences;
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, target.id, &fences));
   ARCPOOL_RETURN_IF_ERROR(wait_all(target.handle, fences));
+  // A per-thread default receiver: fence it after the waits, for other threads (§6).
+  fence_ref named;
+  if (target.kind == stream_kind::per_thread_default) {
+    ARCPOOL_RETURN_IF_ERROR(take_fence(target, &named));
+  }
   a.uses.clear();
   a.current = std::move(target);
+  a.current_fence = std::move(named);
   stats::count(stats_.transfers);
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -810,6 +843,12 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
     return fail(ARCPOOL_STATUS_UNSUPPORTED,
                 "export of %s: its current stream was destroyed or unregistered; transfer it to "
                 "a live stream first",
+                a.describe().c_str());
+  }
+  if (!a.current.reachable()) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "export of %s: its current stream is another thread's per-thread default stream, "
+                "which this thread cannot name; export it on that thread or transfer it first",
                 a.describe().c_str());
   }
   fence_list fences;

@@ -115,7 +115,8 @@ class allocator {
   /// `skip_id` of collect_fences that skips no stream.
   static constexpr uint64_t kSkipNone = UINT64_MAX;
   /// Fences every stream the allocation's memory may be used on: `caller` (if given), the
-  /// current stream and every use record, once per stream, skipping stream `skip_id`.
+  /// current stream and every use record, once per stream, skipping stream `skip_id`. Another
+  /// thread's per-thread default stream is never touched: `a.current_fence` stands for it.
   arcpool_status_t collect_fences(allocation& a, const stream_ref* caller, uint64_t skip_id,
                                   fence_list* out);
   /// Makes `s` wait on every fence. `s` must be alive for the call.

@@ -4,6 +4,12 @@
 
 namespace arcpool::detail {
 
+uint64_t this_thread_serial() noexcept {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t serial = next.fetch_add(1, std::memory_order_relaxed);
+  return serial;
+}
+
 arcpool_status_t stream_entry::retire(event_pool& events) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   if (!alive_.load(std::memory_order_relaxed)) return ARCPOOL_STATUS_SUCCESS;

@@ -72,6 +72,9 @@ enum class stream_kind : uint8_t {
   per_thread_default,  ///< cudaStreamPerThread: a different stream on every thread
 };
 
+/// A process-unique number for the calling thread (never reused, unlike a thread id).
+uint64_t this_thread_serial() noexcept;
+
 /// A stream as an allocation remembers it: handle, identity and, when arcpool can prove it
 /// alive, its registry entry (stable until the allocator's teardown, see stream_registry).
 struct stream_ref {
@@ -79,11 +82,19 @@ struct stream_ref {
   uint64_t id = 0;
   stream_kind kind = stream_kind::application;
   stream_entry* entry = nullptr;  ///< null unless created or registered
+  /// A per-thread default stream: this_thread_serial() of the thread that named it, the only
+  /// thread on which its handle names it (0 for every other kind).
+  uint64_t thread = 0;
 
   /// True if arcpool may enqueue on it from any call (created or registered, not retired).
   bool provably_alive() const { return entry && entry->alive(); }
   /// True if it was created or registered and has since been retired.
   bool retired() const { return entry && !entry->alive(); }
+  /// False for another thread's per-thread default stream: its handle names the calling
+  /// thread's own stream here, so arcpool never enqueues on it or queries it (DESIGN.md §6).
+  bool reachable() const {
+    return kind != stream_kind::per_thread_default || thread == this_thread_serial();
+  }
 };
 
 /// The created and registered streams of one allocator, by identity. An entry removed from the

@@ -18,8 +18,11 @@ namespace {
 
 /// Completion of one event record. Waits capture the marker current at the call, exactly as
 /// cudaStreamWaitEvent captures the event's state.
-class host_marker {
+class host_marker : public std::enable_shared_from_this<host_marker> {
  public:
+  /// `recorder`: the stream whose queued work completes the marker.
+  explicit host_marker(std::weak_ptr<host_stream> recorder) : recorder_(std::move(recorder)) {}
+
   void complete() {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
@@ -28,7 +31,8 @@ class host_marker {
   void wait() {
     std::unique_lock<std::mutex> lock(mutex_);
     if (done_) return;
-    host_work_blocking blocking;  // lets tests see that the stream waits here
+    // Lets tests see that the stream waits here, and on which stream.
+    host_work_blocking blocking(recorder_, [self = shared_from_this()] { return self->done(); });
     cv_.wait(lock, [&] { return done_; });
   }
   bool done() {
@@ -37,6 +41,7 @@ class host_marker {
   }
 
  private:
+  const std::weak_ptr<host_stream> recorder_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -140,7 +145,7 @@ class host_driver final : public driver {
   arcpool_status_t event_record(event_handle e, stream_handle s) override {
     std::shared_ptr<host_stream> hs;
     ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "event_record", &hs));
-    auto marker = std::make_shared<host_marker>();
+    auto marker = std::make_shared<host_marker>(hs);
     auto* ev = static_cast<host_event*>(e);
     {
       std::lock_guard<std::mutex> lock(ev->mutex);

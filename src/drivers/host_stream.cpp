@@ -1,5 +1,6 @@
 #include "drivers/host_stream.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <unordered_map>
 #include <utility>
@@ -54,17 +55,33 @@ class stream_table {
     return true;
   }
 
-  std::vector<std::shared_ptr<host_stream>> all_live() {
+  /// Every stream that may still run work: live ones, every thread's per-thread stream, and
+  /// destroyed ones (and those of exited threads) still draining.
+  std::vector<std::shared_ptr<host_stream>> all_running() {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<std::shared_ptr<host_stream>> all;
     for (auto& [handle, s] : streams_)
       all.push_back(s);
+    all.insert(all.end(), per_thread_.begin(), per_thread_.end());
+    all.insert(all.end(), retired_.begin(), retired_.end());
     if (legacy_) all.push_back(legacy_);
     return all;
   }
 
-  void retire(std::shared_ptr<host_stream> s) {
+  /// A new per-thread default stream: counted among the live streams until its thread exits.
+  std::shared_ptr<host_stream> create_per_thread() {
+    auto s = std::make_shared<host_stream>(g_next_stream_id.fetch_add(1));
     std::lock_guard<std::mutex> lock(mutex_);
+    per_thread_.push_back(s);
+    return s;
+  }
+
+  /// Retires a per-thread default stream whose thread exits (its queued work still runs).
+  void retire_per_thread(std::shared_ptr<host_stream> s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = std::find(per_thread_.begin(), per_thread_.end(), s); it != per_thread_.end()) {
+      per_thread_.erase(it);
+    }
     retire_locked(std::move(s));
   }
 
@@ -93,6 +110,7 @@ class stream_table {
       for (auto& [handle, s] : streams_)
         all.push_back(s);
       all.insert(all.end(), retired_.begin(), retired_.end());
+      all.insert(all.end(), per_thread_.begin(), per_thread_.end());
       if (legacy_) all.push_back(legacy_);
     }
     for (auto& s : all)
@@ -104,6 +122,7 @@ class stream_table {
   std::mutex mutex_;
   std::unordered_map<stream_handle, std::shared_ptr<host_stream>> streams_;
   std::vector<std::shared_ptr<host_stream>> retired_;
+  std::vector<std::shared_ptr<host_stream>> per_thread_;  ///< of the threads alive now
   std::shared_ptr<host_stream> legacy_;
 };
 
@@ -111,7 +130,7 @@ class stream_table {
 struct per_thread_stream {
   std::shared_ptr<host_stream> stream;
   ~per_thread_stream() {
-    if (stream) stream_table::instance().retire(std::move(stream));
+    if (stream) stream_table::instance().retire_per_thread(std::move(stream));
   }
 };
 thread_local per_thread_stream t_per_thread_stream;
@@ -163,14 +182,48 @@ void host_stream::close() {
 }
 
 void host_stream::settle() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return completed_ == enqueued_ || blocked_; });
+  for (;;) {
+    std::shared_ptr<host_stream> on;
+    std::function<bool()> unblocked;
+    uint64_t epoch = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_cv_.wait(lock, [&] { return completed_ == enqueued_ || blocked_; });
+      if (completed_ == enqueued_) return;
+      if (!unblocked_) return;  // blocked on the test, with no way to tell when it ends
+      on = blocked_on_.lock();
+      unblocked = unblocked_;
+      epoch = block_epoch_;
+    }
+    // Blocked on another stream: let it run as far as it can. If the wait still cannot end,
+    // nothing but the test can unblock this stream.
+    if (on) on->settle();
+    if (!unblocked()) return;
+    // The wait ends: let the worker leave it, then settle again.
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return !blocked_ || block_epoch_ != epoch; });
+  }
 }
 
 host_work_blocking::host_work_blocking() : stream_(t_running_stream) {
   if (stream_ == nullptr) return;
   std::lock_guard<std::mutex> lock(stream_->mutex_);
   stream_->blocked_ = true;
+  ++stream_->block_epoch_;
+  stream_->blocked_on_.reset();
+  stream_->unblocked_ = nullptr;
+  stream_->done_cv_.notify_all();
+}
+
+host_work_blocking::host_work_blocking(std::weak_ptr<host_stream> on,
+                                       std::function<bool()> unblocked)
+    : stream_(t_running_stream) {
+  if (stream_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(stream_->mutex_);
+  stream_->blocked_ = true;
+  ++stream_->block_epoch_;
+  stream_->blocked_on_ = std::move(on);
+  stream_->unblocked_ = std::move(unblocked);
   stream_->done_cv_.notify_all();
 }
 
@@ -178,6 +231,9 @@ host_work_blocking::~host_work_blocking() {
   if (stream_ == nullptr) return;
   std::lock_guard<std::mutex> lock(stream_->mutex_);
   stream_->blocked_ = false;
+  stream_->blocked_on_.reset();
+  stream_->unblocked_ = nullptr;
+  stream_->done_cv_.notify_all();
 }
 
 void host_stream::run() {
@@ -201,7 +257,7 @@ void host_stream::run() {
 std::shared_ptr<host_stream> host_stream_find(stream_handle s) {
   if (s == per_thread_default_stream()) {
     if (!t_per_thread_stream.stream) {
-      t_per_thread_stream.stream = std::make_shared<host_stream>(g_next_stream_id.fetch_add(1));
+      t_per_thread_stream.stream = stream_table::instance().create_per_thread();
     }
     return t_per_thread_stream.stream;
   }
@@ -217,7 +273,7 @@ bool host_stream_destroy(stream_handle s) {
 }
 
 void host_synchronize_all() {
-  for (auto& s : stream_table::instance().all_live())
+  for (auto& s : stream_table::instance().all_running())
     s->synchronize();
 }
 

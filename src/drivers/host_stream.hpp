@@ -51,8 +51,10 @@ class host_stream {
   }
 
   /// Blocks until the stream is idle (every task enqueued so far has run) or its worker is
-  /// blocked in a wait (see host_work_blocking). Tests use it to prove that a stream cannot
-  /// reach a point, deterministically.
+  /// blocked in a wait that cannot end without the test: a closed test latch, or an event wait
+  /// whose recording stream has itself settled without completing the event (see
+  /// host_work_blocking). A wait that is merely slow, or a latch already opened, is waited out.
+  /// Tests use it to prove that a stream cannot reach a point, deterministically.
   void settle();
 
   /// Simulated graph capture.
@@ -70,17 +72,24 @@ class host_stream {
   uint64_t completed_ = 0;
   bool closing_ = false;
   bool blocked_ = false;
+  uint64_t block_epoch_ = 0;               ///< counts blocking scopes entered
+  std::weak_ptr<host_stream> blocked_on_;  ///< the stream that must progress (none: the test)
+  std::function<bool()> unblocked_;        ///< whether the wait can end now
 
   friend class host_work_blocking;
   std::thread worker_;
 };
 
 /// Marks the calling host work as blocked on something another stream or the test must
-/// provide (a wait on an event, a test latch) for the scope of the object. Outside host work
-/// it does nothing.
+/// provide for the scope of the object. Outside host work it does nothing.
 class host_work_blocking {
  public:
+  /// Blocked on the test, with no way to tell when it ends.
   host_work_blocking();
+  /// Blocked until `unblocked()` holds, which work queued on `on` brings about (an event
+  /// wait: the stream the event was recorded on), or the test when `on` is empty (a latch).
+  /// `unblocked` is called from other threads and must not call into any stream.
+  host_work_blocking(std::weak_ptr<host_stream> on, std::function<bool()> unblocked);
   ~host_work_blocking();
   host_work_blocking(const host_work_blocking&) = delete;
   host_work_blocking& operator=(const host_work_blocking&) = delete;
@@ -100,7 +109,9 @@ stream_handle host_stream_create();
 /// Closes and forgets the stream; queued work still runs. False for an unknown handle.
 bool host_stream_destroy(stream_handle s);
 
-/// Blocks until every host stream of the process has run everything queued so far.
+/// Blocks until every host stream of the process has run everything queued so far: every
+/// thread's per-thread default stream and destroyed streams still draining included, as
+/// cudaDeviceSynchronize waits for all work on the device.
 void host_synchronize_all();
 
 }  // namespace arcpool::detail

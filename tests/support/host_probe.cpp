@@ -48,7 +48,11 @@ class host_probe final : public stream_probe {
           auto* st = static_cast<std::shared_ptr<latch_state>*>(p);
           {
             std::unique_lock<std::mutex> lock((*st)->mutex);
-            detail::host_work_blocking blocking;
+            // Blocked until the test opens the latch (settle waits a latch already opened out).
+            detail::host_work_blocking blocking({}, [state = *st] {
+              std::lock_guard<std::mutex> guard(state->mutex);
+              return state->open;
+            });
             (*st)->cv.wait(lock, [&] { return (*st)->open; });
           }
           delete st;
