@@ -157,6 +157,39 @@ TEST_P(StreamCache, DestroyingAStreamFlushesItsCache) {
   EXPECT_EQ(1u, stats().cache_flushes);
 }
 
+/// DESIGN.md §6: unregistering or destroying a capturing stream is UNSUPPORTED and changes
+/// nothing: flushing its cache first would free into the capture.
+TEST_P(StreamCache, RetiringACapturingStreamIsUnsupportedAndKeepsItsCache) {
+  arcpool_stream_t app = make_app_stream();
+  ASSERT_OK(arcpool_stream_register(alloc_, app));
+  arcpool_stream_t created = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc_, &created));
+  allocate_and_free(kBlock, app);
+  allocate_and_free(kBlock, created);
+  const arcpool_stats_t before = stats();
+  EXPECT_EQ(2 * kBlock, before.bytes_cached_current);
+  ASSERT_OK(core().drv().stream_begin_capture(app));
+  ASSERT_OK(core().drv().stream_begin_capture(created));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_stream_unregister(alloc_, app));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_stream_destroy(alloc_, created));
+  const arcpool_stats_t during = stats();
+  EXPECT_EQ(before.bytes_cached_current, during.bytes_cached_current);
+  EXPECT_EQ(before.bytes_held_current, during.bytes_held_current);
+  EXPECT_EQ(before.cache_flushes, during.cache_flushes);
+  EXPECT_EQ(before.frees, during.frees);
+  ASSERT_OK(core().drv().stream_end_capture(app));
+  ASSERT_OK(core().drv().stream_end_capture(created));
+  // Still registered and created: both retire normally now, giving their blocks back.
+  ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+  ASSERT_OK(arcpool_stream_destroy(alloc_, created));
+  sync(app);
+  const arcpool_stats_t after = stats();
+  EXPECT_EQ(0u, after.bytes_cached_current);
+  EXPECT_EQ(2u, after.cache_flushes);
+  EXPECT_EQ(before.frees + 2, after.frees);
+  EXPECT_EQ(0u, after.bytes_held_current);
+}
+
 TEST_P(StreamCache, UnregisteredStreamsAreNotCached) {
   arcpool_stream_t app = make_app_stream();
   allocate_and_free(kBlock, app);

@@ -278,7 +278,8 @@ ARCPOOL_API arcpool_status_t arcpool_stream_create(arcpool_allocator_t* allocato
                                                    arcpool_stream_t* out_stream);
 
 /** Destroys a stream made by arcpool_stream_create. Work already queued still runs; fences
- * arcpool still needs from it are taken first. Never blocks. */
+ * arcpool still needs from it are taken first. UNSUPPORTED, with nothing changed, while the
+ * stream is capturing a graph. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_stream_destroy(arcpool_allocator_t* allocator,
                                                     arcpool_stream_t stream);
 
@@ -296,8 +297,8 @@ ARCPOOL_API arcpool_status_t arcpool_stream_register(arcpool_allocator_t* alloca
                                                      arcpool_stream_t stream);
 
 /** Withdraws a registration: first takes any fence arcpool still needs from `stream`, after
- * which arcpool never touches it again. INVALID_ARGUMENT if it was not registered. Never
- * blocks. */
+ * which arcpool never touches it again. INVALID_ARGUMENT if it was not registered;
+ * UNSUPPORTED, with the registration kept, while it is capturing a graph. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_stream_unregister(arcpool_allocator_t* allocator,
                                                        arcpool_stream_t stream);
 

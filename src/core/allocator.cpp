@@ -190,6 +190,8 @@ arcpool_status_t allocator::destroy_stream(stream_handle s) {
                 "stream %p was not created by this allocator (arcpool_stream_create)",
                 static_cast<void*>(s));
   }
+  // Before any call on it: the cache's frees and the final fence would land in the capture.
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(ref, "stream_destroy"));
   flush_cache(ref.entry->cache(), s, /*close=*/true);
   ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
   streams_.remove(ref.id);
@@ -218,6 +220,8 @@ arcpool_status_t allocator::unregister_stream(stream_handle s) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "stream %p is not registered with this allocator",
                 static_cast<void*>(s));
   }
+  // Before any call on it: the cache's frees and the final fence would land in the capture.
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(ref, "stream_unregister"));
   flush_cache(ref.entry->cache(), s, /*close=*/true);
   ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
   streams_.remove(ref.id);
