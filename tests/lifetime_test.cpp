@@ -83,6 +83,7 @@ TEST_P(Lifetime, IndeterminateDeallocationEnqueuesNothing) {
 
 TEST_P(Lifetime, IndeterminateMemoryWaitsForEveryFenceAfterTheLastReference) {
   arcpool_allocation_t* a = allocate(kBytes, s_, ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME);
+  sync(s_);  // a use on another stream must be ordered after the allocation
   EXPECT_OK(arcpool_record_use(a, user_));
   gate& busy = block(user_);
   fill_async(user_, data(a), kBytes, 0x12);

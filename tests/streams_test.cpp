@@ -76,6 +76,7 @@ TEST_P(Streams, UnregisteringTakesTheFencesArcpoolStillNeeds) {
   arcpool_stream_t app = make_app_stream();
   ASSERT_OK(arcpool_stream_register(alloc_, app));
   arcpool_allocation_t* a = allocate(kBytes, s_);
+  sync(s_);  // a use on another stream must be ordered after the allocation
   EXPECT_OK(arcpool_record_use(a, app));  // lazily fenced: app is registered
   gate& busy = block(app);
   fill_async(app, data(a), kBytes, 0x21);

@@ -38,65 +38,94 @@ CUresult stream_write_value(CUstream s, CUdeviceptr address, cuuint32_t value, u
   return fn != nullptr ? fn(s, address, value, flags) : CUDA_ERROR_NOT_FOUND;
 }
 
-/// One 32-bit word of mapped pinned host memory, visible to the device and the host.
-class mapped_word {
+/// Mapped pinned host memory for the probe's words, allocated once when the probe is made: a
+/// page-locked allocation may synchronize implicitly (programming guide, "Implicit
+/// Synchronization"), so one made while a gate holds a stream would queue every later command
+/// of the device behind that gate.
+class mapped_words {
  public:
-  mapped_word() {
+  static constexpr size_t kWords = 1024;
+
+  mapped_words() {
     void* host = nullptr;
-    EXPECT_EQ(cudaSuccess, cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped));
-    host_ = static_cast<volatile uint32_t*>(host);
-    *host_ = 0;
+    EXPECT_EQ(cudaSuccess, cudaHostAlloc(&host, kWords * sizeof(uint32_t), cudaHostAllocMapped));
+    host_ = static_cast<uint32_t*>(host);
     void* device = nullptr;
-    EXPECT_EQ(cudaSuccess, cudaHostGetDevicePointer(&device, const_cast<uint32_t*>(host_), 0));
+    if (host_ != nullptr) {
+      EXPECT_EQ(cudaSuccess, cudaHostGetDevicePointer(&device, host_, 0));
+    }
     device_ = reinterpret_cast<CUdeviceptr>(device);
   }
-  ~mapped_word() { cudaFreeHost(const_cast<uint32_t*>(host_)); }
-  mapped_word(const mapped_word&) = delete;
-  mapped_word& operator=(const mapped_word&) = delete;
+  ~mapped_words() {
+    if (host_ != nullptr) cudaFreeHost(host_);
+  }
+  mapped_words(const mapped_words&) = delete;
+  mapped_words& operator=(const mapped_words&) = delete;
 
-  uint32_t load() const { return __atomic_load_n(host_, __ATOMIC_ACQUIRE); }
-  void store(uint32_t v) { __atomic_store_n(host_, v, __ATOMIC_RELEASE); }
-  CUdeviceptr device() const { return device_; }
+  /// The next unused word (zeroed), or -1 when all are taken (a test with over 1024 gates).
+  long take() {
+    if (host_ == nullptr || next_ == kWords) {
+      ADD_FAILURE() << "the CUDA probe ran out of mapped words";
+      return -1;
+    }
+    __atomic_store_n(&host_[next_], 0u, __ATOMIC_RELEASE);
+    return static_cast<long>(next_++);
+  }
+  uint32_t load(long i) const { return i < 0 ? 0 : __atomic_load_n(&host_[i], __ATOMIC_ACQUIRE); }
+  void store(long i, uint32_t v) {
+    if (i >= 0) __atomic_store_n(&host_[i], v, __ATOMIC_RELEASE);
+  }
+  CUdeviceptr device(long i) const {
+    return device_ + static_cast<CUdeviceptr>(i) * sizeof(uint32_t);
+  }
 
  private:
-  volatile uint32_t* host_ = nullptr;
+  uint32_t* host_ = nullptr;
   CUdeviceptr device_ = 0;
+  size_t next_ = 0;
 };
 
 class cuda_gate final : public gate {
  public:
-  explicit cuda_gate(arcpool_stream_t s) {
-    EXPECT_EQ(CUDA_SUCCESS, stream_wait_value(reinterpret_cast<CUstream>(s), word_.device(), 1,
-                                              CU_STREAM_WAIT_VALUE_GEQ));
+  cuda_gate(mapped_words& words, arcpool_stream_t s) : words_(words), word_(words.take()) {
+    if (word_ < 0) return;
+    EXPECT_EQ(CUDA_SUCCESS, stream_wait_value(reinterpret_cast<CUstream>(s), words_.device(word_),
+                                              1, CU_STREAM_WAIT_VALUE_GEQ));
   }
   // The word must stay mapped until the stream passed the wait: open and let the stream drain.
   ~cuda_gate() override { open(); }
-  void open() override { word_.store(1); }
+  void open() override { words_.store(word_, 1); }
 
  private:
-  mapped_word word_;
+  mapped_words& words_;
+  const long word_;
 };
 
 class cuda_marker final : public marker {
  public:
-  explicit cuda_marker(arcpool_stream_t s) {
-    EXPECT_EQ(CUDA_SUCCESS, stream_write_value(reinterpret_cast<CUstream>(s), word_.device(), 1,
-                                               CU_STREAM_WRITE_VALUE_DEFAULT));
+  cuda_marker(mapped_words& words, arcpool_stream_t s) : words_(words), word_(words.take()) {
+    if (word_ < 0) return;
+    EXPECT_EQ(CUDA_SUCCESS, stream_write_value(reinterpret_cast<CUstream>(s), words_.device(word_),
+                                               1, CU_STREAM_WRITE_VALUE_DEFAULT));
   }
-  bool reached() const override { return word_.load() == 1; }
+  bool reached() const override { return words_.load(word_) == 1; }
 
  private:
-  mapped_word word_;
+  const mapped_words& words_;
+  const long word_;
 };
 
 class cuda_probe final : public stream_probe {
  public:
   std::unique_ptr<gate> block(arcpool_stream_t s) override {
-    return std::make_unique<cuda_gate>(s);
+    return std::make_unique<cuda_gate>(words_, s);
   }
   std::shared_ptr<marker> mark(arcpool_stream_t s) override {
-    return std::make_shared<cuda_marker>(s);
+    return std::make_shared<cuda_marker>(words_, s);
   }
+
+ private:
+  mapped_words words_;  // outlives the gates and markers: the fixture resets the probe last
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "drivers/host_stream.hpp"
+#include "support/simcuda_probe.hpp"
 
 namespace arcpool::test {
 
@@ -56,6 +57,10 @@ void DriverTest::TearDown() {
   probe_.reset();
   arcpool_allocator_destroy(alloc_);
   alloc_ = nullptr;
+  // On simcuda, undefined behaviour CUDA would not report fails the test that caused it.
+  if (const std::string v = take_simcuda_violations(); !v.empty()) {
+    ADD_FAILURE() << "simcuda violations:\n" << v;
+  }
 }
 
 detail::allocator& DriverTest::core() const {

@@ -1,0 +1,518 @@
+// Runtime entry points for streams, events, host functions and stream capture.
+#include <algorithm>
+#include <cstring>
+
+#include "state.hpp"
+
+namespace simcuda {
+
+bool capture_node(stream_obj& s, const std::string& what, cudaError_t* error) {
+  if (s.capture == nullptr) {
+    // cudaStreamIsCapturing: "When a blocking stream is capturing, the legacy stream is in an
+    // unusable state until the blocking stream capture is terminated. The legacy stream is not
+    // supported for stream capture, but attempted use would have an implicit dependency on the
+    // capturing stream(s)." driver_types.h, cudaErrorStreamCaptureImplicit: "The operation
+    // would have resulted in a disallowed implicit dependency on a current capture sequence
+    // from cudaStreamLegacy."
+    if (s.type == stream_obj::kind::legacy) {
+      if (capture_obj* c = blocking_capture_on(*rt().devices[s.device])) {
+        c->invalidated = true;
+        *error = cudaErrorStreamCaptureImplicit;
+        return true;
+      }
+    }
+    return false;
+  }
+  capture_obj& c = *s.capture;
+  if (c.invalidated) {
+    // cudaErrorStreamCaptureInvalidated: "The current capture sequence on the stream has been
+    // invalidated due to a previous error."
+    *error = cudaErrorStreamCaptureInvalidated;
+    return true;
+  }
+  c.nodes.push_back(what);
+  if (&s != c.origin) ++c.pending[&s];
+  *error = cudaSuccess;
+  return true;
+}
+
+void check_unsafe_unverified(const char* call) {
+  if (unsafe_prohibited()) {
+    unverified(format("%s is a potentially unsafe call while a capture prohibits them", call));
+  }
+}
+
+namespace {
+
+event_obj* resolve_event(cudaEvent_t e, const char* call) {
+  auto it = rt().events.find(reinterpret_cast<uintptr_t>(e));
+  if (it == rt().events.end()) {
+    violation(format("%s: %p is not an event handle", call, static_cast<void*>(e)));
+    return nullptr;
+  }
+  if (it->second->destroyed) {
+    violation(format("%s: use of destroyed event %p", call, static_cast<void*>(e)));
+    return nullptr;
+  }
+  return it->second.get();
+}
+
+/// The programming guide, "Prohibited and Unhandled Operations": "It is invalid to synchronize
+/// or query the execution status of a stream which is being captured or a captured event,
+/// because they do not represent items scheduled for execution." The capture is invalidated.
+cudaError_t refuse_in_capture(capture_obj* c) {
+  c->invalidated = true;
+  return cudaErrorStreamCaptureUnsupported;
+}
+
+cudaError_t stream_synchronize(cudaStream_t handle, bool ptds) {
+  SIMCUDA_ENTER("cudaStreamSynchronize");
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamSynchronize");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) return ret(refuse_in_capture(s->capture));
+  cudaError_t e = cudaSuccess;
+  if (s->type == stream_obj::kind::legacy && capture_node(*s, "", &e)) return ret(e);
+  check_unsafe_unverified("cudaStreamSynchronize");
+  host_wait(lock, {s, s->enqueued}, s->clock);
+  // driver_types.h, cudaMemPoolAttrReleaseThreshold: "When more than the release threshold
+  // bytes of memory are held by the memory pool, the allocator will try to release memory back
+  // to the OS on the next call to stream, event or context synchronize."
+  apply_release_thresholds(*r.devices[s->device]);
+  return cudaSuccess;
+}
+
+cudaError_t stream_query(cudaStream_t handle, bool ptds) {
+  SIMCUDA_ENTER("cudaStreamQuery");
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamQuery");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) return ret(refuse_in_capture(s->capture));
+  if (!done({s, s->enqueued})) return ret(cudaErrorNotReady);
+  r.host_clock.join(s->clock);
+  ++r.host_clock_version;
+  return cudaSuccess;
+}
+
+cudaError_t stream_get_id(cudaStream_t handle, unsigned long long* id, bool ptds) {
+  SIMCUDA_ENTER("cudaStreamGetId");
+  if (id == nullptr) return ret(cudaErrorInvalidValue);
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamGetId");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) unverified("cudaStreamGetId on a capturing stream");
+  // cudaStreamGetId: "Returns in streamId the unique Id of the stream in the process."
+  *id = s->id;
+  return cudaSuccess;
+}
+
+cudaError_t stream_is_capturing(cudaStream_t handle, cudaStreamCaptureStatus* status, bool ptds) {
+  SIMCUDA_ENTER("cudaStreamIsCapturing");
+  if (status == nullptr) return ret(cudaErrorInvalidValue);
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamIsCapturing");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  // "Note that, if this is called on cudaStreamLegacy (the "null stream") while a blocking
+  // stream on the same device is capturing, it will return cudaErrorStreamCaptureImplicit
+  // [...]. The blocking stream capture is not invalidated."
+  if (s->type == stream_obj::kind::legacy && blocking_capture_on(*r.devices[s->device])) {
+    return ret(cudaErrorStreamCaptureImplicit);
+  }
+  if (s->capture == nullptr) {
+    *status = cudaStreamCaptureStatusNone;
+  } else {
+    *status = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                      : cudaStreamCaptureStatusActive;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t stream_get_capture_info(cudaStream_t handle, cudaStreamCaptureStatus* status,
+                                    unsigned long long* id, cudaGraph_t* graph,
+                                    const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges,
+                                    size_t* count, bool ptds) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  const cudaError_t e = stream_is_capturing(handle, &st, ptds);
+  if (e != cudaSuccess) return e;
+  if (status == nullptr) return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(rt().mu);
+  *status = st;
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamGetCaptureInfo");
+  if (id != nullptr && s != nullptr && s->capture != nullptr) *id = s->capture->id;
+  if (graph != nullptr) *graph = nullptr;  // graphs under construction: not modeled (issue 11)
+  if (deps != nullptr) *deps = nullptr;
+  if (edges != nullptr) *edges = nullptr;
+  if (count != nullptr) *count = 0;
+  return cudaSuccess;
+}
+
+cudaError_t stream_begin_capture(cudaStream_t handle, cudaStreamCaptureMode mode, bool ptds) {
+  SIMCUDA_ENTER("cudaStreamBeginCapture");
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamBeginCapture");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  // cudaStreamBeginCapture: "Capture may not be initiated if stream is cudaStreamLegacy."
+  if (s->type == stream_obj::kind::legacy) return ret(cudaErrorStreamCaptureUnsupported);
+  if (s->capture != nullptr) return ret(cudaErrorIllegalState);
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed) {
+    return ret(cudaErrorInvalidValue);
+  }
+  auto c = std::make_unique<capture_obj>();
+  c->id = r.next_capture_id++;
+  c->origin = s;
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->streams.push_back(s);
+  s->capture = c.get();
+  r.captures.push_back(std::move(c));
+  return cudaSuccess;
+}
+
+void end_capture_sequence(capture_obj& c) {
+  c.ended = true;
+  for (stream_obj* s : c.streams)
+    s->capture = nullptr;
+  auto& all = rt().captures;
+  all.erase(std::remove_if(all.begin(), all.end(),
+                           [&](const std::unique_ptr<capture_obj>& p) { return p.get() == &c; }),
+            all.end());
+}
+
+cudaError_t stream_end_capture(cudaStream_t handle, cudaGraph_t* graph, bool ptds) {
+  SIMCUDA_ENTER("cudaStreamEndCapture");
+  if (graph == nullptr) return ret(cudaErrorInvalidValue);
+  *graph = nullptr;
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamEndCapture");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (s->capture == nullptr) return ret(cudaErrorIllegalState);
+  capture_obj& c = *s->capture;
+  // driver_types.h, cudaErrorStreamCaptureUnmatched: "The capture was not initiated in this
+  // stream."
+  if (c.origin != s) return ret(cudaErrorStreamCaptureUnmatched);
+  // cudaErrorStreamCaptureWrongThread: "A stream capture sequence not initiated with the
+  // cudaStreamCaptureModeRelaxed argument to cudaStreamBeginCapture was passed to
+  // cudaStreamEndCapture in a different thread."
+  if (c.mode != cudaStreamCaptureModeRelaxed && c.thread != std::this_thread::get_id()) {
+    return ret(cudaErrorStreamCaptureWrongThread);
+  }
+  // cudaStreamEndCapture: "If the capture was invalidated, due to a violation of the rules of
+  // stream capture, then a NULL graph will be returned."
+  bool unjoined = false;
+  for (const auto& [stream, pending] : c.pending)
+    unjoined = unjoined || pending > 0;
+  const bool invalidated = c.invalidated;
+  std::vector<std::string> nodes = c.nodes;
+  end_capture_sequence(c);
+  if (invalidated) return ret(cudaErrorStreamCaptureInvalidated);
+  // cudaErrorStreamCaptureUnjoined: "The capture sequence contains a fork that was not joined
+  // to the primary stream."
+  if (unjoined) return ret(cudaErrorStreamCaptureUnjoined);
+  auto g = std::make_unique<graph_obj>();
+  g->handle = new_handle();
+  g->nodes = std::move(nodes);
+  *graph = reinterpret_cast<cudaGraph_t>(g->handle);
+  r.graphs.emplace(g->handle, std::move(g));
+  return cudaSuccess;
+}
+
+cudaError_t launch_host_func(cudaStream_t handle, cudaHostFn_t fn, void* data, bool ptds) {
+  SIMCUDA_ENTER("cudaLaunchHostFunc");
+  if (fn == nullptr) return ret(cudaErrorInvalidValue);
+  stream_obj* s = resolve_stream(handle, ptds, "cudaLaunchHostFunc");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t e = cudaSuccess;
+  if (capture_node(*s, "host function", &e)) return ret(e);
+  auto o = std::make_unique<op>();
+  o->what = "cudaLaunchHostFunc";
+  o->host_function = true;
+  // cudaLaunchHostFunc: "Host functions execute in the order they are enqueued on the stream"
+  // and "The host function will be called after currently enqueued work and will block work
+  // added after it."
+  o->run = [fn, data] { fn(data); };
+  enqueue(*s, std::move(o));
+  return cudaSuccess;
+}
+
+cudaError_t event_record(cudaEvent_t ev, cudaStream_t handle, bool ptds) {
+  SIMCUDA_ENTER("cudaEventRecord");
+  event_obj* e = resolve_event(ev, "cudaEventRecord");
+  if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  stream_obj* s = resolve_stream(handle, ptds, "cudaEventRecord");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  cudaError_t err = cudaSuccess;
+  if (capture_node(*s, "event record", &err)) {
+    if (err != cudaSuccess) return ret(err);
+    e->recorded = true;
+    e->captured = s->capture;
+    e->captured_on = s;
+    e->captured_pending = s->capture->pending.count(s) ? s->capture->pending[s] : 0;
+    return cudaSuccess;
+  }
+  // cudaEventRecord: "Captures in event the contents of stream at the time of this call. [...]
+  // Calls such as cudaEventQuery() or cudaStreamWaitEvent() will then examine or wait for
+  // completion of the work that was captured. Uses of stream after this call do not modify
+  // event."
+  auto o = std::make_unique<op>();
+  o->what = "cudaEventRecord";
+  const uint64_t seq = enqueue(*s, std::move(o));
+  e->recorded = true;
+  e->captured = nullptr;
+  e->point = {s, seq};
+  e->clock = s->clock;
+  return cudaSuccess;
+}
+
+cudaError_t stream_wait_event(cudaStream_t handle, cudaEvent_t ev, unsigned flags, bool ptds) {
+  SIMCUDA_ENTER("cudaStreamWaitEvent");
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamWaitEvent");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  event_obj* e = resolve_event(ev, "cudaStreamWaitEvent");
+  if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (e->captured != nullptr && !e->captured->ended) {
+    capture_obj* c = e->captured;
+    if (s->capture != nullptr && s->capture != c) {
+      s->capture->invalidated = true;
+      return ret(cudaErrorStreamCaptureIsolation);
+    }
+    if (s->capture == nullptr) {  // a fork: s joins the capture
+      s->capture = c;
+      c->streams.push_back(s);
+      c->pending[s] = 0;
+    }
+    c->nodes.push_back("event wait");
+    if (s == c->origin && e->captured_on != s &&
+        c->pending[e->captured_on] == e->captured_pending) {
+      c->pending[e->captured_on] = 0;  // joined back
+    }
+    return cudaSuccess;
+  }
+  if (s->capture != nullptr) {
+    // driver_types.h, cudaErrorStreamCaptureIsolation: "A dependency would have been created
+    // which crosses the capture sequence boundary. Only implicit in-stream ordering
+    // dependencies are allowed to cross the boundary." (cudaEventWaitExternal: issue 11.)
+    (void)flags;
+    s->capture->invalidated = true;
+    return ret(cudaErrorStreamCaptureIsolation);
+  }
+  cudaError_t err = cudaSuccess;
+  if (capture_node(*s, "event wait", &err)) return ret(err);
+  // cudaStreamWaitEvent: "Makes all future work submitted to stream wait for all work captured
+  // in event. [...] event may be from a different device than stream." An event never recorded
+  // completes at once.
+  auto o = std::make_unique<op>();
+  o->what = "cudaStreamWaitEvent";
+  if (e->recorded) {
+    o->after.push_back(e->point);
+    s->clock.join(e->clock);
+  }
+  enqueue(*s, std::move(o));
+  return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace simcuda
+
+using namespace simcuda;
+
+extern "C" {
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int flags) {
+  SIMCUDA_ENTER("cudaStreamCreateWithFlags");
+  if (out == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return ret(cudaErrorInvalidValue);
+  device_obj& d = *r.devices[ts().device];
+  ensure_context(d);
+  stream_obj* s = make_stream(d, stream_obj::kind::created, (flags & cudaStreamNonBlocking) == 0);
+  *out = reinterpret_cast<cudaStream_t>(s->handle);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* out) {
+  return cudaStreamCreateWithFlags(out, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t handle) {
+  SIMCUDA_ENTER("cudaStreamDestroy");
+  stream_obj* s = resolve_stream(handle, false, "cudaStreamDestroy");
+  if (s == nullptr || s->type != stream_obj::kind::created) {
+    return ret(cudaErrorInvalidResourceHandle);
+  }
+  if (s->capture != nullptr) unverified("cudaStreamDestroy of a capturing stream");
+  s->destroyed = true;
+  if (!s->worker_started) {
+    auto& list = r.devices[s->device]->streams;
+    list.erase(std::remove(list.begin(), list.end(), s), list.end());
+  }
+  r.cv.notify_all();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  return stream_synchronize(s, false);
+}
+cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t s) {
+  return stream_synchronize(s, true);
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  return stream_query(s, false);
+}
+cudaError_t cudaStreamQuery_ptsz(cudaStream_t s) {
+  return stream_query(s, true);
+}
+cudaError_t cudaStreamGetId(cudaStream_t s, unsigned long long* id) {
+  return stream_get_id(s, id, false);
+}
+cudaError_t cudaStreamGetId_ptsz(cudaStream_t s, unsigned long long* id) {
+  return stream_get_id(s, id, true);
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  return stream_is_capturing(s, status, false);
+}
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  return stream_is_capturing(s, status, true);
+}
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, cudaStreamCaptureStatus* status,
+                                     unsigned long long* id, cudaGraph_t* graph,
+                                     const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges,
+                                     size_t* count) {
+  return stream_get_capture_info(s, status, id, graph, deps, edges, count, false);
+}
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t s, cudaStreamCaptureStatus* status,
+                                          unsigned long long* id, cudaGraph_t* graph,
+                                          const cudaGraphNode_t** deps,
+                                          const cudaGraphEdgeData** edges, size_t* count) {
+  return stream_get_capture_info(s, status, id, graph, deps, edges, count, true);
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  return stream_begin_capture(s, mode, false);
+}
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, cudaStreamCaptureMode mode) {
+  return stream_begin_capture(s, mode, true);
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  return stream_end_capture(s, graph, false);
+}
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t* graph) {
+  return stream_end_capture(s, graph, true);
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  return launch_host_func(s, fn, data, false);
+}
+cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  return launch_host_func(s, fn, data, true);
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  SIMCUDA_ENTER("cudaThreadExchangeStreamCaptureMode");
+  if (mode == nullptr) return ret(cudaErrorInvalidValue);
+  std::swap(*mode, ts().mode);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  SIMCUDA_ENTER("cudaGraphDestroy");
+  auto it = r.graphs.find(reinterpret_cast<uintptr_t>(graph));
+  if (it == r.graphs.end() || it->second->destroyed) {
+    violation(format("cudaGraphDestroy: %p is not a live graph", static_cast<void*>(graph)));
+    return ret(cudaErrorInvalidValue);
+  }
+  it->second->destroyed = true;
+  it->second->nodes.clear();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
+  SIMCUDA_ENTER("cudaEventCreateWithFlags");
+  constexpr unsigned kKnown =
+      cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
+  if (out == nullptr || (flags & ~kKnown) != 0) return ret(cudaErrorInvalidValue);
+  ensure_context(*r.devices[ts().device]);
+  auto e = std::make_unique<event_obj>();
+  e->handle = new_handle();
+  e->flags = flags;
+  *out = reinterpret_cast<cudaEvent_t>(e->handle);
+  r.events.emplace(e->handle, std::move(e));
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* out) {
+  return cudaEventCreateWithFlags(out, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+  SIMCUDA_ENTER("cudaEventDestroy");
+  event_obj* e = resolve_event(ev, "cudaEventDestroy");
+  if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  // cudaEventDestroy: "In case event has been recorded but has not yet been completed when
+  // cudaEventDestroy() is called, the function will return immediately and the resources
+  // associated with event will be released automatically once the device has completed
+  // event." Waits already enqueued hold the record's place, not the event.
+  e->destroyed = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  return event_record(e, s, false);
+}
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
+  return event_record(e, s, true);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t ev) {
+  SIMCUDA_ENTER("cudaEventQuery");
+  event_obj* e = resolve_event(ev, "cudaEventQuery");
+  if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  // driver_types.h, cudaErrorCapturedEvent: "The operation is not permitted on an event which
+  // was last recorded in a capturing stream."
+  if (e->captured != nullptr && !e->captured->ended) return ret(cudaErrorCapturedEvent);
+  check_unsafe_unverified("cudaEventQuery");
+  if (!e->recorded || e->captured != nullptr) return cudaSuccess;
+  // cudaEventQuery: "Queries the status of all work currently captured by event. [...] If
+  // this work has not yet been completed, or if cudaEventRecord() has not been called on
+  // event, then cudaErrorNotReady is returned" (unverified: whether not-ready also becomes the
+  // thread's last error; simcuda records it, so callers must clear it).
+  if (!done(e->point)) return ret(cudaErrorNotReady);
+  r.host_clock.join(e->clock);
+  ++r.host_clock_version;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  SIMCUDA_ENTER("cudaEventSynchronize");
+  event_obj* e = resolve_event(ev, "cudaEventSynchronize");
+  if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (e->captured != nullptr && !e->captured->ended) return ret(cudaErrorCapturedEvent);
+  check_unsafe_unverified("cudaEventSynchronize");
+  if (!e->recorded || e->captured != nullptr) return cudaSuccess;
+  const stream_point p = e->point;
+  const vclock clock = e->clock;
+  host_wait(lock, p, clock);
+  apply_release_thresholds(*r.devices[p.stream->device]);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  return stream_wait_event(s, e, flags, false);
+}
+cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  return stream_wait_event(s, e, flags, true);
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  SIMCUDA_ENTER("cudaDeviceSynchronize");
+  device_obj& d = *r.devices[ts().device];
+  ensure_context(d);
+  // Programming guide, "Prohibited and Unhandled Operations": "It is also invalid to query the
+  // execution status of or synchronize a broader handle which encompasses an active stream
+  // capture, such as a device or context handle when any associated stream is in capture
+  // mode."
+  bool capturing = false;
+  for (stream_obj* t : d.streams) {
+    if (t->capture != nullptr) {
+      t->capture->invalidated = true;
+      capturing = true;
+    }
+  }
+  if (capturing) return ret(cudaErrorStreamCaptureUnsupported);
+  check_unsafe_unverified("cudaDeviceSynchronize");
+  device_wait(lock, d);
+  apply_release_thresholds(d);
+  return cudaSuccess;
+}
+
+}  // extern "C"

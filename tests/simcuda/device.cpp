@@ -1,0 +1,243 @@
+// Devices, errors, and the driver entry points reached through the runtime (stream memory
+// operations on mapped page-locked memory).
+#include <cuda.h>
+
+#include <chrono>
+
+#include "state.hpp"
+
+namespace simcuda {
+namespace {
+
+struct error_name {
+  cudaError_t code;
+  const char* name;
+  const char* text;
+};
+
+#define SIMCUDA_ERROR(code, text) \
+  { code, #code, text }
+const error_name kErrors[] = {
+    SIMCUDA_ERROR(cudaSuccess, "no error"),
+    SIMCUDA_ERROR(cudaErrorInvalidValue, "invalid argument"),
+    SIMCUDA_ERROR(cudaErrorMemoryAllocation, "out of memory"),
+    SIMCUDA_ERROR(cudaErrorInitializationError, "initialization error"),
+    SIMCUDA_ERROR(cudaErrorCudartUnloading, "driver shutting down"),
+    SIMCUDA_ERROR(cudaErrorInvalidConfiguration, "invalid configuration argument"),
+    SIMCUDA_ERROR(cudaErrorMissingConfiguration, "__global__ function call is not configured"),
+    SIMCUDA_ERROR(cudaErrorInsufficientDriver,
+                  "CUDA driver version is insufficient for CUDA runtime version"),
+    SIMCUDA_ERROR(cudaErrorNoDevice, "no CUDA-capable device is detected"),
+    SIMCUDA_ERROR(cudaErrorInvalidDevice, "invalid device ordinal"),
+    SIMCUDA_ERROR(cudaErrorInvalidDeviceFunction, "invalid device function"),
+    SIMCUDA_ERROR(cudaErrorInvalidResourceHandle, "invalid resource handle"),
+    SIMCUDA_ERROR(cudaErrorIllegalState, "the operation cannot be performed in the present state"),
+    SIMCUDA_ERROR(cudaErrorSymbolNotFound, "named symbol not found"),
+    SIMCUDA_ERROR(cudaErrorNotReady, "device not ready"),
+    SIMCUDA_ERROR(cudaErrorIllegalAddress, "an illegal memory access was encountered"),
+    SIMCUDA_ERROR(cudaErrorNotSupported, "operation not supported"),
+    SIMCUDA_ERROR(cudaErrorStreamCaptureUnsupported,
+                  "operation not permitted when stream is capturing"),
+    SIMCUDA_ERROR(cudaErrorStreamCaptureInvalidated,
+                  "operation failed due to a previous error during capture"),
+    SIMCUDA_ERROR(cudaErrorStreamCaptureMerge,
+                  "operation would result in a merge of separate "
+                  "capture sequences"),
+    SIMCUDA_ERROR(cudaErrorStreamCaptureUnmatched,
+                  "capture was not ended in the same stream as it "
+                  "began"),
+    SIMCUDA_ERROR(cudaErrorStreamCaptureUnjoined, "capturing stream has unjoined work"),
+    SIMCUDA_ERROR(cudaErrorStreamCaptureIsolation,
+                  "dependency created on uncaptured work in "
+                  "another stream"),
+    SIMCUDA_ERROR(cudaErrorStreamCaptureImplicit,
+                  "operation would make the legacy stream depend on a capturing blocking stream"),
+    SIMCUDA_ERROR(cudaErrorCapturedEvent,
+                  "operation not permitted on an event last recorded in a capturing stream"),
+    SIMCUDA_ERROR(cudaErrorStreamCaptureWrongThread,
+                  "attempt to terminate a thread-local capture "
+                  "sequence from another thread"),
+    SIMCUDA_ERROR(cudaErrorUnknown, "unknown error"),
+};
+#undef SIMCUDA_ERROR
+
+const error_name* find_error(cudaError_t e) {
+  for (const error_name& n : kErrors)
+    if (n.code == e) return &n;
+  return nullptr;
+}
+
+CUresult stream_memory_op(CUstream stream, CUdeviceptr address, cuuint32_t value, unsigned flags,
+                          bool wait) {
+  const char* call = wait ? "cuStreamWaitValue32" : "cuStreamWriteValue32";
+  runtime& r = rt();
+  std::unique_lock<std::mutex> lock(r.mu);
+  if (enter(call) != cudaSuccess) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  stream_obj* s = resolve_stream(reinterpret_cast<cudaStream_t>(stream), false, call);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  cudaError_t e = cudaSuccess;
+  if (capture_node(*s, call, &e)) return e == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  const auto p = static_cast<uintptr_t>(address);
+  auto* word = static_cast<uint32_t*>(alias_of(p));
+  auto o = std::make_unique<op>();
+  o->what = format("%s(0x%llx, %u)", call, static_cast<unsigned long long>(p), value);
+  o->watches = p;
+  if (wait) {
+    // cuStreamWaitValue32: "Enqueues a synchronization of the stream on the given memory
+    // location. Work ordered after the operation will block until the given condition on the
+    // memory is satisfied."
+    const unsigned condition = flags & 0x3u;
+    o->run = [word, value, condition] {
+      for (;;) {
+        const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        const bool met = condition == CU_STREAM_WAIT_VALUE_GEQ
+                             ? static_cast<int32_t>(v - value) >= 0
+                         : condition == CU_STREAM_WAIT_VALUE_EQ  ? v == value
+                         : condition == CU_STREAM_WAIT_VALUE_AND ? (v & value) != 0
+                                                                 : ~(v | value) != 0;
+        if (met) return;
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    };
+  } else {
+    o->run = [word, value] { __atomic_store_n(word, value, __ATOMIC_RELEASE); };
+  }
+  enqueue(*s, std::move(o));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI wait_value32(CUstream s, CUdeviceptr address, cuuint32_t value, unsigned flags) {
+  return stream_memory_op(s, address, value, flags, true);
+}
+
+CUresult CUDAAPI write_value32(CUstream s, CUdeviceptr address, cuuint32_t value, unsigned flags) {
+  return stream_memory_op(s, address, value, flags, false);
+}
+
+cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned version,
+                               unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  SIMCUDA_ENTER("cudaGetDriverEntryPointByVersion");
+  (void)version, (void)flags;
+  if (symbol == nullptr || fn == nullptr) return ret(cudaErrorInvalidValue);
+  *fn = nullptr;
+  if (std::string(symbol) == "cuStreamWaitValue32") *fn = reinterpret_cast<void*>(wait_value32);
+  if (std::string(symbol) == "cuStreamWriteValue32") *fn = reinterpret_cast<void*>(write_value32);
+  if (status != nullptr) {
+    *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  }
+  if (*fn == nullptr) unverified(format("driver entry point %s is not modeled", symbol));
+  return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace simcuda
+
+using namespace simcuda;
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  SIMCUDA_ENTER("cudaGetDeviceCount");
+  if (count == nullptr) return ret(cudaErrorInvalidValue);
+  *count = static_cast<int>(r.devices.size());
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  SIMCUDA_ENTER("cudaSetDevice");
+  device_obj* d = device_at(device);
+  if (d == nullptr) return ret(cudaErrorInvalidDevice);
+  // cudaSetDevice: "This function will also immediately initialize the runtime state on the
+  // primary context, and the context will be current on device immediately."
+  ensure_context(*d);
+  ts().device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  SIMCUDA_ENTER("cudaGetDevice");
+  if (device == nullptr) return ret(cudaErrorInvalidValue);
+  *device = ts().device;  // creates no context
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  SIMCUDA_ENTER("cudaDeviceGetAttribute");
+  if (value == nullptr) return ret(cudaErrorInvalidValue);
+  if (device_at(device) == nullptr) return ret(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      break;
+    case cudaDevAttrMemoryPoolsSupported:
+    case cudaDevAttrUnifiedAddressing:
+    case cudaDevAttrCanMapHostMemory:
+      *value = 1;
+      break;
+    case cudaDevAttrMemoryPoolSupportedHandleTypes:
+      *value = cudaMemHandleTypePosixFileDescriptor;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    case cudaDevAttrMaxThreadsPerBlock:
+    case cudaDevAttrMaxBlockDimX:
+      *value = 1024;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = 48 << 10;
+      break;
+    case cudaDevAttrMaxGridDimX:
+      *value = 0x7fffffff;
+      break;
+    default:
+      unverified(format("device attribute %d is not modeled; answering 0", static_cast<int>(attr)));
+      *value = 0;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+  thread_state& t = ts();
+  const cudaError_t e = t.last_error;
+  std::lock_guard<std::mutex> lock(rt().mu);
+  ++rt().calls["cudaGetLastError"];
+  t.last_error = rt().sticky;  // a sticky error is never reset
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+  std::lock_guard<std::mutex> lock(rt().mu);
+  ++rt().calls["cudaPeekAtLastError"];
+  return ts().last_error;
+}
+
+const char* cudaGetErrorName(cudaError_t e) {
+  const error_name* n = find_error(e);
+  return n != nullptr ? n->name : "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  const error_name* n = find_error(e);
+  return n != nullptr ? n->text : "unrecognized error code";
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* status) {
+  return driver_entry_point(symbol, fn, version, flags, status);
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** fn,
+                                                  unsigned int version, unsigned long long flags,
+                                                  cudaDriverEntryPointQueryResult* status) {
+  return driver_entry_point(symbol, fn, version, flags, status);
+}
+
+}  // extern "C"

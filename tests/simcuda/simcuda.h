@@ -1,0 +1,44 @@
+/* simcuda's control interface: what a test asks the simulated CUDA runtime beyond CUDA's own
+ * API. Binaries never link these: they look them up with dlsym(RTLD_DEFAULT, ...), so the same
+ * binary runs on the real runtime (where the lookup finds nothing) and on simcuda.
+ * See docs/simcuda.md. */
+#ifndef SIMCUDA_H
+#define SIMCUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** How many violations (undefined behaviour CUDA would not report) were found so far. */
+uint64_t simcuda_violation_count(void);
+
+/** Copies the violations not yet taken, one per line, into buf (at most size bytes, always
+ * NUL-terminated when size > 0) and forgets them, so they no longer fail the process at exit.
+ * Returns the number of violations taken. */
+uint64_t simcuda_take_violations(char* buf, size_t size);
+
+/** How many times the runtime function `name` (for example "cudaEventRecord") was called,
+ * counting its _ptsz variant with it. */
+uint64_t simcuda_call_count(const char* name);
+
+/** Resets every call counter to zero. */
+void simcuda_reset_call_counts(void);
+
+/** Primary contexts created on `device` so far (cudaSetDevice creates one; cudaGetDevice
+ * does not). */
+uint64_t simcuda_primary_contexts(int device);
+
+/** Waits that pools inserted between streams to reuse memory (internal dependencies). */
+uint64_t simcuda_hidden_waits(void);
+
+/** Warnings of unverified rules so far (see docs/simcuda.md: they warn, never fail). */
+uint64_t simcuda_unverified_warnings(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SIMCUDA_H */

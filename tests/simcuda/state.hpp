@@ -1,0 +1,327 @@
+// simcuda's model of the CUDA runtime: devices, streams, events, pools, memory and the clocks
+// that order them. One global lock guards it all; stream workers run the queued work.
+//
+// The rules come from the CUDA Runtime API reference (the doc comments of cuda_runtime_api.h
+// and driver_types.h, CUDA 13.0) and the CUDA C++ Programming Guide; each is cited where it is
+// implemented. A rule without a citable sentence is "unverified": it warns, never fails.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace simcuda {
+
+/// A vector clock: for each stream id, the highest sequence number known to happen before.
+class vclock {
+ public:
+  /// The entry for `stream` (0 when absent).
+  uint64_t get(uint64_t stream) const;
+  /// Raises the entry for `stream` to at least `seq`.
+  void raise(uint64_t stream, uint64_t seq);
+  /// Joins `other` in (entry-wise maximum).
+  void join(const vclock& other);
+
+ private:
+  std::vector<std::pair<uint64_t, uint64_t>> entries_;  // sorted by stream id
+};
+
+struct stream_obj;
+struct event_obj;
+struct pool_obj;
+struct capture_obj;
+
+/// A point in one stream's order: the op with sequence `seq` on `stream`.
+struct stream_point {
+  stream_obj* stream = nullptr;
+  uint64_t seq = 0;
+};
+
+/// One queued command.
+struct op {
+  uint64_t seq = 0;
+  std::string what;                 ///< the call that enqueued it, for messages
+  std::vector<stream_point> after;  ///< execution dependencies (waits, implicit syncs)
+  std::function<void()> run;        ///< the work, run by the stream's worker without the lock
+  std::function<void()> complete;   ///< bookkeeping, run with the lock once `run` returned
+  bool host_function = false;       ///< run flags the worker as inside a host function
+  uintptr_t watches = 0;            ///< host memory a stream memory op reads or writes
+};
+
+/// A stream: its queue, its order and its worker.
+struct stream_obj {
+  enum class kind { legacy, per_thread, created };
+  uint64_t id = 0;  ///< cudaStreamGetId: unique in the process
+  uintptr_t handle = 0;
+  int device = 0;
+  kind type = kind::created;
+  bool blocking = true;  ///< synchronizes with the legacy stream (not cudaStreamNonBlocking)
+  bool destroyed = false;
+  std::deque<std::unique_ptr<op>> queue;
+  uint64_t enqueued = 0;   ///< seq of the last op enqueued
+  uint64_t completed = 0;  ///< seq of the last op completed
+  vclock clock;            ///< what the next op on this stream happens after
+  uint64_t host_clock_version = 0;
+  uint64_t barrier_epoch = 0;
+  std::mt19937_64 rng;
+  capture_obj* capture = nullptr;  ///< the capture this stream records into, if any
+  bool worker_started = false;
+  std::string name() const;
+};
+
+/// An event: its most recent record.
+struct event_obj {
+  uintptr_t handle = 0;
+  bool destroyed = false;
+  bool recorded = false;
+  stream_point point;               ///< the record's place
+  vclock clock;                     ///< what the record happens after
+  capture_obj* captured = nullptr;  ///< last recorded inside this capture
+  stream_obj* captured_on = nullptr;
+  uint64_t captured_pending = 0;  ///< the stream's unjoined nodes at the captured record
+  unsigned flags = 0;
+};
+
+/// A stream capture sequence.
+struct capture_obj {
+  uint64_t id = 0;
+  stream_obj* origin = nullptr;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  bool invalidated = false;
+  bool ended = false;
+  std::vector<stream_obj*> streams;         ///< streams that joined (origin first)
+  std::map<stream_obj*, uint64_t> pending;  ///< joined streams' nodes not yet joined back
+  std::vector<std::string> nodes;           ///< the captured work, in capture order
+};
+
+/// A graph from cudaStreamEndCapture.
+struct graph_obj {
+  uintptr_t handle = 0;
+  bool destroyed = false;
+  std::vector<std::string> nodes;
+};
+
+/// One access recorded against an allocation: the latest per stream.
+struct access_record {
+  uint64_t seq = 0;
+  std::string what;  ///< the call and its stream
+};
+
+/// An allocation instance: memory handed out once, until its free.
+struct allocation {
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  pool_obj* pool = nullptr;  ///< null for cudaMalloc memory
+  stream_point alloc;        ///< the allocation's place (stream null: synchronous)
+  std::string alloc_what;
+  stream_point free_point;
+  std::string free_what;
+  bool freed = false;
+  std::unordered_map<uint64_t, access_record> accesses;  ///< by stream id
+};
+
+/// A block a pool holds for reuse after its free.
+struct free_block {
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  stream_obj* stream = nullptr;  ///< where it was freed
+  uint64_t seq = 0;              ///< the free op
+  bool done = false;             ///< the free executed
+  uint64_t order = 0;            ///< recency (higher: freed later)
+};
+
+/// A chunk of device memory a pool reserved.
+struct chunk {
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  size_t carved = 0;  ///< bump offset of blocks carved so far
+  size_t live = 0;    ///< blocks carved and not free
+};
+
+/// A memory pool (cudaMemPoolCreate or a device's default).
+struct pool_obj {
+  uintptr_t handle = 0;
+  int device = 0;
+  bool destroyed = false;
+  bool is_default = false;
+  size_t max_size = 0;  ///< 0: the device's capacity
+  unsigned handle_types = 0;
+  int follow_event_dependencies = 1;
+  int allow_opportunistic = 1;
+  int allow_internal_dependencies = 1;
+  uint64_t release_threshold = 0;
+  uint64_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+  std::vector<chunk> chunks;
+  std::vector<free_block> free_blocks;
+  std::vector<int> peers;  ///< devices granted access
+};
+
+/// One simulated device: memory, legacy stream, default and current pool, context.
+struct device_obj {
+  int ordinal = 0;
+  uintptr_t base = 0;   ///< device addresses: [base, base + capacity), no host access
+  uintptr_t alias = 0;  ///< the same memory, as simulated kernels and copies reach it
+  size_t capacity = 0;
+  int fd = -1;                           ///< the memfd behind both mappings
+  std::map<size_t, size_t> free_ranges;  ///< offset -> bytes, unreserved device memory
+  size_t reserved = 0;
+  stream_obj* legacy = nullptr;
+  std::vector<stream_obj*> streams;  ///< every stream of the device not yet drained after destroy
+  pool_obj* default_pool = nullptr;
+  pool_obj* current_pool = nullptr;
+  uint64_t contexts = 0;
+  bool context = false;
+  uint64_t barrier_epoch = 0;
+  std::vector<stream_point> barrier;
+  vclock barrier_clock;
+};
+
+/// Settings read once from the environment (docs/simcuda.md lists them).
+struct config {
+  int devices = 2;
+  size_t capacity = size_t{4} << 30;
+  uint64_t seed = 1;
+  bool slow = false;
+  long sticky_after_launches = -1;
+  long oom_after_allocations = -1;
+};
+
+/// The whole simulated runtime.
+struct runtime {
+  std::mutex mu;
+  std::condition_variable cv;  ///< notified on every completion and state change
+  config cfg;
+  std::vector<std::unique_ptr<device_obj>> devices;
+  std::unordered_map<uintptr_t, std::unique_ptr<stream_obj>> streams;
+  std::unordered_map<uintptr_t, std::unique_ptr<event_obj>> events;
+  std::unordered_map<uintptr_t, std::unique_ptr<pool_obj>> pools;
+  std::unordered_map<uintptr_t, std::unique_ptr<graph_obj>> graphs;
+  std::vector<std::unique_ptr<capture_obj>> captures;
+  std::map<uintptr_t, std::unique_ptr<allocation>> live;   ///< by base address
+  std::map<uintptr_t, std::unique_ptr<allocation>> freed;  ///< the last freed per base
+  std::map<uintptr_t, size_t> pinned;                      ///< cudaHostAlloc: base -> bytes
+  vclock host_clock;                                       ///< what the host has observed complete
+  uint64_t host_clock_version = 1;
+  uint64_t next_handle = 1;
+  uint64_t next_stream_id = 1;
+  uint64_t next_capture_id = 1;
+  uint64_t free_order = 0;
+  long launches = 0;
+  long allocations = 0;
+  cudaError_t sticky = cudaSuccess;
+  uint64_t hidden_waits = 0;
+  uint64_t unverified = 0;
+  std::vector<std::string> violations;  ///< not yet taken
+  uint64_t violation_total = 0;
+  std::unordered_map<std::string, uint64_t> calls;
+};
+
+/// The runtime, created on first use and never destroyed (workers may outlive main).
+runtime& rt();
+
+/// The calling thread's runtime state.
+struct thread_state {
+  int device = 0;
+  cudaError_t last_error = cudaSuccess;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  bool in_host_function = false;
+  std::map<int, stream_obj*> per_thread;  ///< cudaStreamPerThread, per device
+  struct launch_config {
+    dim3 grid, block;
+    size_t shared = 0;
+    cudaStream_t stream = nullptr;
+  };
+  std::vector<launch_config> configs;
+};
+thread_state& ts();
+
+// --- state.cpp ---------------------------------------------------------------------------
+/// Records a violation (undefined behaviour CUDA would not report) and prints it.
+void violation(const std::string& message);
+/// Prints a warning of an unverified rule (it does not fail).
+void unverified(const std::string& message);
+/// Counts a call, flags calls from host functions, and returns the sticky error, if any.
+/// With the lock.
+cudaError_t enter(const char* name);
+
+/// Opens an entry point: takes the lock (as `lock`, with `r` the runtime) and returns the
+/// sticky error, if any.
+#define SIMCUDA_ENTER(name)                \
+  ::simcuda::runtime& r = ::simcuda::rt(); \
+  std::unique_lock<std::mutex> lock(r.mu); \
+  if (cudaError_t sticky_ = ::simcuda::enter(name)) return ::simcuda::ret(sticky_)
+/// Sets the thread's last error to `e` (unless success) and returns it.
+cudaError_t ret(cudaError_t e);
+/// printf into a string.
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/// A new handle value, never reused.
+uintptr_t new_handle();
+/// Device `d`, or null when it does not exist.
+device_obj* device_at(int d);
+/// Creates the primary context of `d` if it has none (call with the lock).
+void ensure_context(device_obj& d);
+
+// --- streams.cpp -------------------------------------------------------------------------
+/// A new stream on `d` (with the lock).
+stream_obj* make_stream(device_obj& d, stream_obj::kind type, bool blocking);
+/// Resolves a stream handle (0, cudaStreamLegacy, cudaStreamPerThread or created) for the
+/// current device; `per_thread_default` maps 0 to the per-thread stream (the _ptsz entry
+/// points). Null (with a violation for destroyed handles) when invalid. With the lock.
+stream_obj* resolve_stream(cudaStream_t s, bool per_thread_default, const char* call);
+/// Enqueues `o` on `s` (with the lock): legacy-stream implicit synchronization, device
+/// barriers, host clock, scheduler. Returns the op's seq.
+uint64_t enqueue(stream_obj& s, std::unique_ptr<op> o);
+/// Blocks (releasing the lock) until `p` completed, then joins `clock` into the host clock.
+void host_wait(std::unique_lock<std::mutex>& lock, stream_point p, const vclock& clock);
+/// Whether `p` completed.
+bool done(stream_point p);
+/// Starts a device-wide barrier: later work on any stream of `d` follows all earlier work
+/// (implicit synchronization). `why` names the call.
+void device_barrier(device_obj& d, const char* why);
+/// Synchronizes with every stream of `d` (releasing the lock while waiting).
+void device_wait(std::unique_lock<std::mutex>& lock, device_obj& d);
+/// Whether work for `s` is captured instead of run: then the node `what` was recorded, or
+/// `*error` says why it could not be (with the lock).
+bool capture_node(stream_obj& s, const std::string& what, cudaError_t* error);
+/// Warns (unverified rule) when the potentially unsafe call `call` is made while this
+/// thread's capture mode prohibits it.
+void check_unsafe_unverified(const char* call);
+/// Whether potentially unsafe calls are prohibited for this thread now (capture modes).
+bool unsafe_prohibited();
+/// Invalidates the captures that prohibit this thread's unsafe call.
+void invalidate_prohibiting_captures();
+/// Whether a blocking stream of `d` is capturing (the legacy stream is then unusable).
+capture_obj* blocking_capture_on(device_obj& d);
+
+// --- memory.cpp --------------------------------------------------------------------------
+/// The allocation holding [p, p + bytes), or null. With the lock.
+allocation* find_live(uintptr_t p, size_t bytes);
+/// Checks an access to [p, p + bytes) by op `seq` on `s` (enqueued already): device memory
+/// must be allocated and ordered after its allocation; records the access. Host memory is
+/// accepted when `host_ok` (copies) or when it is pinned. With the lock.
+void check_access(stream_obj& s, uint64_t seq, uintptr_t p, size_t bytes, bool host_ok,
+                  const std::string& what);
+/// Translates a device address to the alias simulated work uses (host addresses unchanged).
+void* alias_of(uintptr_t p);
+/// Whether `p` is a device address.
+bool is_device_address(uintptr_t p);
+/// Trims the pools of `d` down to their release thresholds (at synchronizations).
+void apply_release_thresholds(device_obj& d);
+/// Sets up device `d`'s memory and default pool (at start).
+void init_device_memory(device_obj& d);
+
+}  // namespace simcuda

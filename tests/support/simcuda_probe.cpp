@@ -1,0 +1,41 @@
+#include "support/simcuda_probe.hpp"
+
+#include <dlfcn.h>
+
+#include <vector>
+
+namespace arcpool::test {
+namespace {
+
+template <typename Fn>
+Fn lookup(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+}  // namespace
+
+bool on_simcuda() {
+  return lookup<void*>("simcuda_violation_count") != nullptr;
+}
+
+std::string take_simcuda_violations() {
+  using take_fn = uint64_t (*)(char*, size_t);
+  static const take_fn take = lookup<take_fn>("simcuda_take_violations");
+  if (take == nullptr) return {};
+  std::vector<char> buf(1 << 16);
+  return take(buf.data(), buf.size()) == 0 ? std::string() : std::string(buf.data());
+}
+
+uint64_t simcuda_calls(const char* name) {
+  using count_fn = uint64_t (*)(const char*);
+  static const count_fn count = lookup<count_fn>("simcuda_call_count");
+  return count == nullptr ? 0 : count(name);
+}
+
+void reset_simcuda_calls() {
+  using reset_fn = void (*)();
+  static const reset_fn reset = lookup<reset_fn>("simcuda_reset_call_counts");
+  if (reset != nullptr) reset();
+}
+
+}  // namespace arcpool::test

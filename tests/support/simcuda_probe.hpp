@@ -1,0 +1,22 @@
+// What a test can ask simcuda, the CUDA runtime simulator (tests/simcuda/simcuda.h), when it
+// runs on it. Looked up at run time, so the same binary runs on the real runtime.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace arcpool::test {
+
+/// Whether the CUDA runtime in this process is simcuda.
+bool on_simcuda();
+
+/// Takes simcuda's violations so far ("" when none, or not on simcuda).
+std::string take_simcuda_violations();
+
+/// simcuda's count of calls to `name` (0 when not on simcuda).
+uint64_t simcuda_calls(const char* name);
+
+/// Resets simcuda's call counters (no effect when not on simcuda).
+void reset_simcuda_calls();
+
+}  // namespace arcpool::test
