@@ -50,13 +50,17 @@ ARCPOOL_TORCH_API void arcpool_torch_free(void* ptr, size_t size, int device, cu
   }
 }
 
-/// Tensor.record_stream: the free waits for `stream`'s work (arcpool's use record). As
-/// PyTorch's own allocator, it does nothing for an empty tensor (null) or for memory another
-/// allocator made (CUDA IPC, DLPack, from_blob): those frees are not arcpool's to order.
+/// Tensor.record_stream: the free waits for `stream`'s work queued up to the free, not only up
+/// to this call, as PyTorch promises. PyTorch's own allocator assumes the stream outlives the
+/// tensor's deallocation; arcpool takes the same guarantee from the flag (its streams cannot
+/// be registered: the shim cannot tell torch's pool streams from ExternalStreams users
+/// destroy). As PyTorch's allocator, it does nothing for an empty tensor (null) or for memory
+/// another allocator made (CUDA IPC, DLPack, from_blob): those frees are not arcpool's to order.
 ARCPOOL_TORCH_API void arcpool_torch_record_stream(void* ptr, cudaStream_t stream) {
   if (ptr == nullptr) return;
   const arcpool_status_t status =
-      arcpool_record_stream(ptr, reinterpret_cast<arcpool_stream_t>(stream));
+      arcpool_record_stream_with_flags(ptr, reinterpret_cast<arcpool_stream_t>(stream),
+                                       ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION);
   if (status != ARCPOOL_STATUS_SUCCESS && status != ARCPOOL_STATUS_UNKNOWN_POINTER) {
     raise("record_stream failed");
   }

@@ -72,6 +72,7 @@ TEST_P(Ordering, DeallocationWaitsForARecordedUseOnAKnownStream) {
   // `third_` was created by arcpool: the fence is taken at deallocation, so work queued on it
   // after record_use is covered too.
   arcpool_allocation_t* a = allocate(kBytes, origin_);
+  sync(origin_);  // a use on another stream must be ordered after the allocation
   EXPECT_OK(arcpool_record_use(a, third_));
   EXPECT_EQ(0u, stats().fences_taken) << "a known stream is fenced lazily";
   gate& user_busy = block(third_);
@@ -89,6 +90,7 @@ TEST_P(Ordering, DeallocationWaitsForARecordedUseOnAKnownStream) {
 TEST_P(Ordering, RecordUseOnAnUnregisteredStreamFencesAtRecordTime) {
   arcpool_stream_t app = make_app_stream();
   arcpool_allocation_t* a = allocate(kBytes, origin_);
+  sync(origin_);  // a use on another stream must be ordered after the allocation
   gate& user_busy = block(app);
   fill_async(app, data(a), kBytes, 0x44);
   EXPECT_OK(arcpool_record_use(a, app));
@@ -102,6 +104,30 @@ TEST_P(Ordering, RecordUseOnAnUnregisteredStreamFencesAtRecordTime) {
   sync(origin_);
   finish_reclaims();
   EXPECT_EQ(1u, stats().frees);
+  arcpool_allocation_release(a);
+}
+
+/// PyTorch's record_stream semantics: the caller guarantees the stream outlives the
+/// deallocation, so its work queued after the record and before the deallocation is covered.
+TEST_P(Ordering, AUseThatOutlivesTheDeallocationIsFencedAtDeallocation) {
+  arcpool_stream_t app = make_app_stream();  // unregistered, as PyTorch's streams are
+  arcpool_allocation_t* a = allocate(kBytes, origin_);
+  sync(origin_);  // a use on another stream must be ordered after the allocation
+  EXPECT_OK(
+      arcpool_record_use_with_flags(a, app, ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION));
+  EXPECT_EQ(0u, stats().fences_taken) << "the fence waits for the deallocation";
+  gate& user_busy = block(app);
+  fill_async(app, data(a), kBytes, 0x45);  // queued after the record, before the deallocation
+  EXPECT_OK(arcpool_deallocate_async(a, origin_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+  auto after_free = mark(origin_);
+  settle(origin_);
+  EXPECT_FALSE(after_free->reached()) << "freed before the side stream's later work";
+  user_busy.open();
+  sync(origin_);
+  EXPECT_TRUE(after_free->reached());
+  EXPECT_EQ(1u, stats().frees);
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_record_use_with_flags(a, app, 1u << 7))
+      << "an unknown flag";
   arcpool_allocation_release(a);
 }
 
@@ -165,6 +191,7 @@ TEST_P(Ordering, ImplicitFreeOnTheOriginStreamFreesInItsOrder) {
 TEST_P(Ordering, ACallersStreamIsFencedEvenWhenItIsNotTheCurrentStream) {
   // Work the caller queued on its own stream before deallocating is covered (deferred route).
   arcpool_allocation_t* a = allocate(kBytes, origin_);
+  sync(origin_);  // a use on another stream must be ordered after the allocation
   gate& caller_busy = block(third_);
   fill_async(third_, data(a), kBytes, 0x77);
   EXPECT_OK(arcpool_deallocate_async(a, third_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));

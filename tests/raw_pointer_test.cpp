@@ -55,6 +55,7 @@ TEST_P(RawPointer, RecordStreamOrdersTheFreeAfterTheOtherStream) {
   arcpool_stream_t side = make_stream();
   void* p = arcpool_malloc_async(kBytes, 0, s_);
   ASSERT_NE(nullptr, p);
+  sync(s_);  // a use on another stream must be ordered after the allocation
   EXPECT_OK(arcpool_record_stream(p, side));  // what Tensor.record_stream does
   gate& busy = block(side);
   fill_async(side, p, kBytes, 0x3d);
@@ -65,6 +66,37 @@ TEST_P(RawPointer, RecordStreamOrdersTheFreeAfterTheOtherStream) {
   finish_reclaims();
   EXPECT_EQ(1u, stats().frees);
 }
+
+/// The calls PyTorch makes, in its order, with the flag its record_stream hook passes: the free
+/// waits for the side stream's work queued before the free, not only before record_stream.
+/// (Use records route wait-and-free here, so the wait shows on the freeing stream.)
+class RawPointerWaitAndFree : public RawPointer {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.use_record_routing = ARCPOOL_ROUTING_WAIT_AND_FREE;
+  }
+};
+
+TEST_P(RawPointerWaitAndFree, RecordStreamThatOutlivesTheFreeCoversLaterSideWork) {
+  arcpool_stream_t side = make_app_stream();  // torch's streams are never registered
+  void* p = arcpool_malloc_async(kBytes, 0, s_);
+  ASSERT_NE(nullptr, p);
+  sync(s_);  // a use on another stream must be ordered after the allocation
+  EXPECT_OK(arcpool_record_stream_with_flags(p, side,
+                                             ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION));
+  gate& busy = block(side);
+  fill_async(side, p, kBytes, 0x3e);                // after record_stream, before the free
+  EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));  // PyTorch frees on the allocation stream
+  auto after_free = mark(s_);
+  settle(s_);
+  EXPECT_FALSE(after_free->reached()) << "freed while the side stream still writes";
+  busy.open();
+  sync(s_);
+  EXPECT_TRUE(after_free->reached());
+  EXPECT_EQ(1u, stats().frees);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(RawPointerWaitAndFree);
 
 TEST_P(RawPointer, ZeroBytesIsNullAndFreeingNullIsANoOp) {
   EXPECT_EQ(nullptr, arcpool_malloc_async(0, 0, s_));

@@ -507,6 +507,24 @@ ARCPOOL_API arcpool_status_t arcpool_transfer(arcpool_allocation_t* allocation,
 ARCPOOL_API arcpool_status_t arcpool_record_use(arcpool_allocation_t* allocation,
                                                 arcpool_stream_t stream);
 
+/** Flags of arcpool_record_use_with_flags and arcpool_record_stream_with_flags. */
+typedef enum arcpool_record_use_flags_t {
+  ARCPOOL_RECORD_USE_FLAG_NONE = 0,
+  /**
+   * The caller guarantees that the stream stays alive until the allocation is deallocated (or
+   * transferred away), as PyTorch's Tensor.record_stream assumes. The fence is then taken at
+   * deallocation (or transfer) for any stream, so the stream's work queued up to then is
+   * covered, not only its work queued so far. A per-thread default stream is also fenced now:
+   * that fence is what a deallocation on another thread waits on (it cannot name the stream).
+   */
+  ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION = 1u << 0
+} arcpool_record_use_flags_t;
+
+/** arcpool_record_use with `flags` (arcpool_record_use_flags_t); INVALID_ARGUMENT for an
+ * unknown flag. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_record_use_with_flags(arcpool_allocation_t* allocation,
+                                                           arcpool_stream_t stream, uint32_t flags);
+
 /* ----------------------------------------------------------------------------------------- */
 /* Imports                                                                                     */
 /* ----------------------------------------------------------------------------------------- */
@@ -574,6 +592,12 @@ ARCPOOL_API arcpool_status_t arcpool_free_async(void* pointer, size_t size, int 
 /** arcpool_record_use for the by-pointer allocation containing `pointer`, searched in every
  * device's default allocator. UNKNOWN_POINTER if none contains it. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream);
+
+/** arcpool_record_stream with `flags` (arcpool_record_use_flags_t). PyTorch's record_stream
+ * hook passes ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_record_stream_with_flags(void* pointer,
+                                                              arcpool_stream_t stream,
+                                                              uint32_t flags);
 
 /**
  * By-pointer allocation on a given allocator (what a memory resource needs): allocates like

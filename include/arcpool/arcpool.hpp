@@ -116,8 +116,11 @@ class buffer_base {
 
   /// Hands the allocation to `s` with fences (arcpool_transfer). Never blocks.
   void transfer_to(stream_t s) { detail::check(arcpool_transfer(handle_, s)); }
-  /// Records that `s` also uses the allocation (arcpool_record_use). Never blocks.
-  void record_use(stream_t s) { detail::check(arcpool_record_use(handle_, s)); }
+  /// Records that `s` also uses the allocation (arcpool_record_use_with_flags; `flags` from
+  /// arcpool_record_use_flags_t). Never blocks.
+  void record_use(stream_t s, uint32_t flags = 0) {
+    detail::check(arcpool_record_use_with_flags(handle_, s, flags));
+  }
   /// A view of bytes [offset, offset + n). Holds a reference, no claim.
   buffer_view view(size_t offset, size_t n) const {
     arcpool_allocation_t* v = nullptr;

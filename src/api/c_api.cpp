@@ -346,11 +346,16 @@ arcpool_status_t arcpool_transfer(arcpool_allocation_t* allocation, arcpool_stre
 }
 
 arcpool_status_t arcpool_record_use(arcpool_allocation_t* allocation, arcpool_stream_t stream) {
+  return arcpool_record_use_with_flags(allocation, stream, 0);
+}
+
+arcpool_status_t arcpool_record_use_with_flags(arcpool_allocation_t* allocation,
+                                               arcpool_stream_t stream, uint32_t flags) {
   ARCPOOL_REQUIRE_ARG(allocation);
   nvtx::range range(nvtx::op::record_use, allocation->size, stream);
   return guarded([&] {
     auto& a = record_of(allocation);
-    return a.owner.record_use(a, stream);
+    return a.owner.record_use(a, stream, flags);
   });
 }
 
@@ -414,6 +419,11 @@ arcpool_status_t arcpool_free_async(void* pointer, size_t, int device, arcpool_s
 }
 
 arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
+  return arcpool_record_stream_with_flags(pointer, stream, 0);
+}
+
+arcpool_status_t arcpool_record_stream_with_flags(void* pointer, arcpool_stream_t stream,
+                                                  uint32_t flags) {
   ARCPOOL_REQUIRE_ARG(pointer);
   nvtx::range range(nvtx::op::record_use, 0, stream);
   return guarded([&] {
@@ -422,7 +432,7 @@ arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
       return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
                   "record_stream of %p: no live by-pointer allocation contains it", pointer);
     }
-    const arcpool_status_t status = a->owner.record_use(*a, stream);
+    const arcpool_status_t status = a->owner.record_use(*a, stream, flags);
     a->release();
     return status;
   });

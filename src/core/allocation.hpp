@@ -32,11 +32,14 @@ struct arcpool_allocation {
 
 namespace arcpool::detail {
 
-/// "Stream S also uses this allocation". `fence` is null while S is provably alive (the fence
-/// is then taken at deallocation or transfer); otherwise it was taken at record time.
+/// "Stream S also uses this allocation". With `at_deallocation` (S provably alive, or the
+/// caller guarantees it outlives the deallocation) the fence is taken at deallocation or
+/// transfer; `fence`, taken at record time, is used otherwise, and for a per-thread default S
+/// when another thread deallocates (null for other streams fenced at deallocation).
 struct use_record {
   stream_ref stream;
   fence_ref fence;
+  bool at_deallocation = false;
 };
 
 /// Immutable facts and mutable ownership of one block of memory (DESIGN.md §3).

@@ -326,10 +326,10 @@ arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* call
   if (caller != nullptr) ARCPOOL_RETURN_IF_ERROR(take(*caller));
   ARCPOOL_RETURN_IF_ERROR(take(a.current));
   for (const use_record& u : a.uses) {
-    if (u.fence) {
-      if (fresh(u.stream.id)) out->push_back(u.fence);
-    } else {
+    if (u.at_deallocation && u.stream.reachable()) {
       ARCPOOL_RETURN_IF_ERROR(take(u.stream));
+    } else if (fresh(u.stream.id)) {
+      out->push_back(u.fence);
     }
   }
   return ARCPOOL_STATUS_SUCCESS;
@@ -810,7 +810,10 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t allocator::record_use(allocation& a, stream_handle s) {
+arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t flags) {
+  if ((flags & ~uint32_t{ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION}) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown record_use flags 0x%x", flags);
+  }
   stream_ref user;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &user));
   ARCPOOL_RETURN_IF_ERROR(check_not_capturing(user, "record_use"));
@@ -818,8 +821,13 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s) {
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "record_use"));
   if (user.id == a.current.id) return ARCPOOL_STATUS_SUCCESS;  // its order already covers it
   use_record record;
-  if (!user.provably_alive()) {
-    // An unregistered stream may be gone by deallocation time: fence it now (§6).
+  // An unregistered stream may be gone by deallocation time: fence it now (§6), unless the
+  // caller guarantees it outlives the deallocation. Another thread cannot fence a per-thread
+  // default stream: fence it now for them in any case.
+  record.at_deallocation =
+      user.provably_alive() || (flags & ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION) != 0;
+  if (!user.provably_alive() &&
+      (!record.at_deallocation || user.kind == stream_kind::per_thread_default)) {
     ARCPOOL_RETURN_IF_ERROR(take_fence(user, &record.fence));
   }
   record.stream = std::move(user);

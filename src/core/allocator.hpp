@@ -69,7 +69,8 @@ class allocator {
   arcpool_status_t preserve(allocation& a);
   arcpool_status_t discard(allocation& a, bool* was_last);
   arcpool_status_t transfer(allocation& a, stream_handle to);
-  arcpool_status_t record_use(allocation& a, stream_handle s);
+  /// `flags`: arcpool_record_use_flags_t.
+  arcpool_status_t record_use(allocation& a, stream_handle s, uint32_t flags);
   arcpool_status_t export_memory(allocation& a, void** out);
   /// R reached 0: frees the record, and the memory where DESIGN.md §3 says so.
   void on_last_reference(allocation* a) noexcept;
