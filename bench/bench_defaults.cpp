@@ -32,7 +32,7 @@ arcpool_allocator_t* make_allocator(arcpool_driver_kind_t driver, bool cache) {
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
   options.driver = driver;
-  (void)cache;
+  if (!cache) options.stream_cache_bytes = 0;
   arcpool_allocator_t* a = nullptr;
   check(arcpool_allocator_create(&options, &a), "arcpool_allocator_create");
   return a;

@@ -11,6 +11,8 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "bench_defaults.hpp"
@@ -31,6 +33,13 @@ const uint32_t kFlags[] = {0, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE,
                            ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN, ARCPOOL_DEALLOCATE_FLAG_DEFERRED,
                            0};
 
+/// Aborts unless a CUDA call succeeded: a benchmark that hides a failure measures nothing.
+void cuda_check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  std::fprintf(stderr, "benchmark: %s failed: %s\n", what, cudaGetErrorName(status));
+  std::abort();
+}
+
 cudaStream_t cu(arcpool_stream_t s) {
   return reinterpret_cast<cudaStream_t>(s);
 }
@@ -39,15 +48,25 @@ struct streams3 {
   arcpool_allocator_t* alloc = make_allocator(ARCPOOL_DRIVER_CUDA, /*cache=*/false);
   arcpool_stream_t origin = nullptr, user = nullptr, caller = nullptr;
   cudaMemPool_t internal_pool = nullptr;  // the device's default pool: internal deps on
+  cudaEvent_t allocated = nullptr;        // orders the user's stream after the allocation
   streams3() {
     check(arcpool_stream_create(alloc, &origin), "stream_create");
     check(arcpool_stream_create(alloc, &user), "stream_create");
     check(arcpool_stream_create(alloc, &caller), "stream_create");
-    cudaDeviceGetDefaultMemPool(&internal_pool, 0);
+    cuda_check(cudaDeviceGetDefaultMemPool(&internal_pool, 0), "cudaDeviceGetDefaultMemPool");
     int on = 1;
-    cudaMemPoolSetAttribute(internal_pool, cudaMemPoolReuseAllowInternalDependencies, &on);
+    cuda_check(
+        cudaMemPoolSetAttribute(internal_pool, cudaMemPoolReuseAllowInternalDependencies, &on),
+        "cudaMemPoolSetAttribute");
+    // The default pool outlives every row: start its high-water mark afresh for this one.
+    cuda_check(cudaMemPoolTrimTo(internal_pool, 0), "cudaMemPoolTrimTo");
+    uint64_t zero = 0;
+    cuda_check(cudaMemPoolSetAttribute(internal_pool, cudaMemPoolAttrReservedMemHigh, &zero),
+               "cudaMemPoolSetAttribute");
+    cuda_check(cudaEventCreateWithFlags(&allocated, cudaEventDisableTiming), "cudaEventCreate");
   }
   ~streams3() {
+    cudaEventDestroy(allocated);
     for (auto s : {origin, user, caller})
       arcpool_stream_synchronize(alloc, s);
     arcpool_allocator_trim(alloc, 0);
@@ -65,12 +84,16 @@ struct streams3 {
 /// (strategy), then the caller's own short kernel.
 void round(streams3& s, int how) {
   if (how == driver_internal) {
-    // The driver's way: the caller allocates from a pool that reuses blocks freed on other
-    // streams by waiting on them internally.
+    // The driver's way: the origin allocates from a pool that reuses blocks freed on other
+    // streams by waiting on them internally; the user's stream is ordered after the allocation
+    // (as arcpool_transfer orders it), uses the block and frees it after its last use.
     void* p = nullptr;
-    cudaMallocFromPoolAsync(&p, kBytes, s.internal_pool, cu(s.caller));
+    cuda_check(cudaMallocFromPoolAsync(&p, kBytes, s.internal_pool, cu(s.origin)),
+               "cudaMallocFromPoolAsync");
+    cuda_check(cudaEventRecord(s.allocated, cu(s.origin)), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(cu(s.user), s.allocated, 0), "cudaStreamWaitEvent");
     kernels::spin_async(kUserNs, cu(s.user));
-    cudaFreeAsync(p, cu(s.user));
+    cuda_check(cudaFreeAsync(p, cu(s.user)), "cudaFreeAsync");
     kernels::spin_async(kCallerNs, cu(s.caller));
     return;
   }

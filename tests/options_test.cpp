@@ -157,6 +157,34 @@ TEST(VersionedStructs, AnOlderSmallerStatsStructGetsItsPrefix) {
   arcpool_allocator_destroy(a);
 }
 
+TEST(Stats, ResetPeaksRestartsEveryHighWaterMarkThePoolsIncluded) {
+  auto o = defaults();
+  o.driver = ARCPOOL_DRIVER_HOST;
+  o.stream_cache_bytes = 0;
+  arcpool_allocator_t* a = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&o, &a));
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  constexpr size_t kBytes = 4 << 20;  // above every gauge's batch
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
+  ASSERT_OK(arcpool_deallocate_async(h, s, 0));
+  arcpool_allocation_release(h);
+  ASSERT_OK(arcpool_stream_synchronize(a, s));  // the free ran: nothing reserved now
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  ASSERT_OK(arcpool_stats_get(a, &st));
+  EXPECT_EQ(kBytes, st.bytes_in_use_peak);
+  EXPECT_EQ(kBytes, st.pool_reserved_bytes_peak);
+  ASSERT_OK(arcpool_stats_reset_peaks(a));
+  ASSERT_OK(arcpool_stats_get(a, &st));
+  EXPECT_EQ(0u, st.bytes_in_use_peak);
+  EXPECT_EQ(0u, st.pool_reserved_bytes_peak) << "the pool's high-water mark was not reset";
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+}
+
 TEST(VersionedStructs, StatusStringsNameEveryStatus) {
   for (int s = ARCPOOL_STATUS_SUCCESS; s <= ARCPOOL_STATUS_NO_DEVICE; ++s) {
     EXPECT_STRNE("ARCPOOL_STATUS_(unknown)",

@@ -47,6 +47,10 @@ void print_stats(const arcpool_stats_t& s) {
   std::printf("%-28s %16llu %16llu\n", "pool_reserved_bytes",
               (unsigned long long)s.pool_reserved_bytes_current,
               (unsigned long long)s.pool_reserved_bytes_peak);
+  std::printf(
+      "(peaks are approximate: each thread batches its changes, 1 MiB for byte gauges and 64 "
+      "for allocations_in_use,\n before they reach the peak, so a rise smaller than one batch "
+      "does not show; see arcpool_stats_t)\n");
   std::printf("\n%-28s %16s\n", "counter", "value");
 #define ARCPOOL_DEMO_COUNTER(name, doc) \
   std::printf("%-28s %16llu\n", #name, (unsigned long long)s.name);

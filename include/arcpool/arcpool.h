@@ -740,7 +740,8 @@ typedef struct arcpool_stats_t {
 ARCPOOL_API arcpool_status_t arcpool_stats_get(const arcpool_allocator_t* allocator,
                                                arcpool_stats_t* out_stats);
 
-/** Resets every `_peak` gauge to its current value. Never blocks. */
+/** Resets every `_peak` gauge to its current value, pool_reserved_bytes_peak included (the
+ * pool's own high-water mark). Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allocator);
 
 /**

@@ -100,7 +100,11 @@ class allocator {
   size_t reclaim_poll_once() { return reclaimer_.poll_once(); }
   arcpool_status_t reclaim_drain() { return reclaimer_.drain(); }
   size_t reclaim_pending() const { return reclaimer_.pending(); }
-  void reset_peaks() { stats_.reset_peaks(); }
+  /// Restarts every high-water mark at its current value: the gauges' and the pool's.
+  void reset_peaks() {
+    stats_.reset_peaks();
+    driver_->pool_reset_peak();
+  }
 
  private:
   allocator(const allocator_config& config, std::unique_ptr<driver> drv);

@@ -245,6 +245,7 @@ class deterministic_driver final : public driver {
     return ARCPOOL_STATUS_SUCCESS;
   }
   arcpool_status_t pool_trim(size_t) override { return check_not_in_work("pool_trim"); }
+  void pool_reset_peak() noexcept override { peak_ = reserved_; }
   pool_figures pool_query() override {
     pool_figures f;
     f.reserved_current = f.used_current = reserved_;

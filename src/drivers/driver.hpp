@@ -106,6 +106,9 @@ class driver {
   virtual arcpool_status_t pool_trim(size_t keep_bytes) = 0;
   /// The pool's figures.
   virtual pool_figures pool_query() = 0;
+  /// Restarts the pool's reserved high-water mark at its current reservation (CUDA:
+  /// cudaMemPoolAttrReservedMemHigh). Drivers that keep no high-water mark do nothing.
+  virtual void pool_reset_peak() noexcept {}
   /// The device's total memory (host driver: the simulated capacity).
   virtual arcpool_status_t device_memory(size_t* out) = 0;
   /// Blocks until all work on the device has completed (host driver: every host stream).

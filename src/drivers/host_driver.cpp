@@ -224,6 +224,8 @@ class host_driver final : public driver {
     return check_not_in_host_work("pool_trim");  // nothing cached: memory goes back at free
   }
 
+  void pool_reset_peak() noexcept override { counters_->peak.store(counters_->reserved.load()); }
+
   pool_figures pool_query() override {
     pool_figures f;
     f.reserved_current = counters_->reserved.load();
