@@ -1,0 +1,330 @@
+// Stream capture, memory pools, devices and page-locked memory, as the CUDA Runtime API
+// reference and the programming guide describe them.
+#include <thread>
+
+#include "conformance.hpp"
+
+namespace conformance {
+namespace {
+
+using Capture = Conformance;
+using Pools = Conformance;
+using Devices = Conformance;
+
+cudaStream_t make_stream(unsigned flags = cudaStreamNonBlocking) {
+  cudaStream_t s = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, flags));
+  return s;
+}
+
+cudaStreamCaptureStatus capture_status(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaSuccess, cudaStreamIsCapturing(s, &status));
+  return status;
+}
+
+TEST_F(Capture, BeginAndEndMakeAGraph) {
+  cudaStream_t s = make_stream();
+  EXPECT_EQ(cudaStreamCaptureStatusNone, capture_status(s));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  EXPECT_EQ(cudaStreamCaptureStatusActive, capture_status(s));
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  EXPECT_NE(nullptr, graph);
+  EXPECT_EQ(cudaStreamCaptureStatusNone, capture_status(s));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  EXPECT_EQ(cudaErrorStreamCaptureUnsupported,
+            cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal))
+      << "capture may not be initiated on the legacy stream";
+  cudaGetLastError();
+  cudaStreamDestroy(s);
+}
+
+TEST_F(Capture, SynchronizingACapturingStreamInvalidatesTheCapture) {
+  cudaStream_t s = make_stream();
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  EXPECT_EQ(cudaErrorStreamCaptureUnsupported, cudaStreamSynchronize(s));
+  EXPECT_EQ(cudaStreamCaptureStatusInvalidated, capture_status(s));
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
+  EXPECT_EQ(nullptr, graph);
+  EXPECT_EQ(cudaStreamCaptureStatusNone, capture_status(s));
+  cudaGetLastError();
+  cudaStreamDestroy(s);
+}
+
+TEST_F(Capture, TheLegacyStreamIsUnusableWhileABlockingStreamCaptures) {
+  cudaStream_t blocking = make_stream(cudaStreamDefault);
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(blocking, cudaStreamCaptureModeThreadLocal));
+  cudaStreamCaptureStatus status;
+  EXPECT_EQ(cudaErrorStreamCaptureImplicit, cudaStreamIsCapturing(cudaStreamLegacy, &status));
+  EXPECT_EQ(cudaStreamCaptureStatusActive, capture_status(blocking)) << "not invalidated";
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(blocking, &graph));
+  cudaGraphDestroy(graph);
+  cudaGetLastError();
+  cudaStreamDestroy(blocking);
+}
+
+TEST_F(Capture, CudaMallocIsProhibitedByTheCapturingThreadsCaptureUnlessRelaxed) {
+  cudaStream_t s = make_stream();
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  // Another thread in global mode is prohibited too (a concurrent global capture).
+  cudaError_t other = cudaSuccess;
+  std::thread([&] {
+    cudaSetDevice(0);
+    void* p = nullptr;
+    other = cudaMalloc(&p, 256);
+    if (p != nullptr) cudaFree(p);
+    cudaGetLastError();
+  }).join();
+  EXPECT_EQ(cudaErrorStreamCaptureUnsupported, other);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
+  cudaGetLastError();
+
+  // Thread-local capture: other threads are not prohibited; relaxed mode lifts it here.
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  std::thread([&] {
+    cudaSetDevice(0);
+    void* p = nullptr;
+    other = cudaMalloc(&p, 256);
+    if (p != nullptr) cudaFree(p);
+  }).join();
+  EXPECT_EQ(cudaSuccess, other);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  ASSERT_EQ(cudaSuccess, cudaThreadExchangeStreamCaptureMode(&mode));
+  EXPECT_EQ(cudaStreamCaptureModeGlobal, mode) << "the previous mode comes back";
+  void* p = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaMalloc(&p, 256));
+  EXPECT_EQ(cudaStreamCaptureStatusActive, capture_status(s));
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  cudaGraphDestroy(graph);
+  mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaFree(p);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaStreamDestroy(s);
+}
+
+TEST_F(Capture, EndingAThreadLocalCaptureFromAnotherThreadIsRefused) {
+  cudaStream_t s = make_stream();
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cudaError_t other = cudaSuccess;
+  std::thread([&] {
+    cudaSetDevice(0);
+    cudaGraph_t g = nullptr;
+    other = cudaStreamEndCapture(s, &g);
+    cudaGetLastError();
+  }).join();
+  EXPECT_EQ(cudaErrorStreamCaptureWrongThread, other);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+TEST_F(Capture, AQueryOfAnEventRecordedInACaptureIsRefused) {
+  cudaStream_t s = make_stream();
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // the refusal is not the mode's
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  EXPECT_NE(cudaSuccess, cudaEventQuery(e));
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaGetLastError();
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(s, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+}
+
+cudaMemPool_t make_pool(size_t max_size) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  props.maxSize = max_size;
+  cudaMemPool_t pool = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaMemPoolCreate(&pool, &props));
+  return pool;
+}
+
+uint64_t attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {
+  uint64_t v = 0;
+  EXPECT_EQ(cudaSuccess, cudaMemPoolGetAttribute(pool, attr, &v));
+  return v;
+}
+
+TEST_F(Pools, AMaximumSizeIsAHardLimit) {
+  cudaMemPool_t pool = make_pool(size_t{64} << 20);
+  cudaStream_t s = make_stream();
+  void* p = nullptr;
+  EXPECT_EQ(cudaErrorMemoryAllocation, cudaMallocFromPoolAsync(&p, size_t{128} << 20, pool, s));
+  cudaGetLastError();
+  EXPECT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&p, size_t{1} << 20, pool, s));
+  EXPECT_GE(attribute(pool, cudaMemPoolAttrUsedMemCurrent), uint64_t{1} << 20);
+  EXPECT_EQ(cudaSuccess, cudaFreeAsync(p, s));
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  cudaStreamDestroy(s);
+  cudaMemPoolDestroy(pool);
+}
+
+TEST_F(Pools, AttributesHaveTheirDocumentedTypes) {
+  cudaMemPool_t pool = make_pool(0);
+  int flag = 0;
+  ASSERT_EQ(cudaSuccess,
+            cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &flag));
+  flag = 1;
+  ASSERT_EQ(cudaSuccess,
+            cudaMemPoolGetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &flag));
+  EXPECT_EQ(0, flag);
+  uint64_t threshold = uint64_t{1} << 30;
+  ASSERT_EQ(cudaSuccess,
+            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  EXPECT_EQ(threshold, attribute(pool, cudaMemPoolAttrReleaseThreshold));
+  uint64_t nonzero = 5;
+  EXPECT_EQ(cudaErrorInvalidValue,
+            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &nonzero))
+      << "a high watermark can only be reset to zero";
+  EXPECT_NE(cudaSuccess, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &nonzero))
+      << "the current figures are read-only";
+  cudaGetLastError();
+  cudaMemPool_t current = nullptr, fallback = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaDeviceGetMemPool(&current, 0));
+  ASSERT_EQ(cudaSuccess, cudaDeviceGetDefaultMemPool(&fallback, 0));
+  EXPECT_EQ(current, fallback) << "the current pool starts as the default pool";
+  cudaMemPoolDestroy(pool);
+}
+
+TEST_F(Pools, TrimReleasesOnlyFreesThatCompleted) {
+  words w;
+  cudaMemPool_t pool = make_pool(0);
+  uint64_t keep_all = UINT64_MAX;
+  ASSERT_EQ(cudaSuccess, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  cudaStream_t s = make_stream();
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&p, size_t{4} << 20, pool, s));
+  w.gate(s, 0);
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, s));
+  ASSERT_EQ(cudaSuccess, cudaMemPoolTrimTo(pool, 0));
+  EXPECT_GE(attribute(pool, cudaMemPoolAttrReservedMemCurrent), uint64_t{4} << 20)
+      << "the free has not run: its memory is outstanding";
+  w.open(0);
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  ASSERT_EQ(cudaSuccess, cudaMemPoolTrimTo(pool, 0));
+  EXPECT_EQ(0u, attribute(pool, cudaMemPoolAttrReservedMemCurrent));
+  cudaStreamDestroy(s);
+  cudaMemPoolDestroy(pool);
+}
+
+TEST_F(Pools, TheReleaseThresholdAppliesAtSynchronization) {
+  cudaMemPool_t pool = make_pool(0);  // threshold 0: release everything it can
+  cudaStream_t s = make_stream();
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&p, size_t{4} << 20, pool, s));
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, s));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  EXPECT_EQ(0u, attribute(pool, cudaMemPoolAttrReservedMemCurrent));
+  cudaStreamDestroy(s);
+  cudaMemPoolDestroy(pool);
+}
+
+TEST_F(Pools, AnOwnedPoolWithoutInternalDependenciesInsertsNoHiddenWait) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  words w;
+  cudaMemPool_t pool = make_pool(0);
+  int off = 0;
+  ASSERT_EQ(cudaSuccess,
+            cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &off));
+  cudaStream_t a = make_stream(), b = make_stream();
+  void* p = nullptr;
+  void* q = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&p, 1 << 20, pool, a));
+  w.gate(a, 0);
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, a));
+  const uint64_t before = hidden_waits();
+  ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&q, 1 << 20, pool, b));
+  EXPECT_NE(p, q) << "the free is not ordered before b and has not run";
+  EXPECT_EQ(before, hidden_waits());
+  // With internal dependencies, the most recent free is reused behind a hidden wait.
+  int on = 1;
+  ASSERT_EQ(cudaSuccess,
+            cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &on));
+  void* r = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&r, 1 << 20, pool, b));
+  EXPECT_EQ(p, r);
+  EXPECT_EQ(before + 1, hidden_waits());
+  w.mark(b, 1);
+  w.settle();
+  EXPECT_FALSE(w.reached(1)) << "b waits for a's free";
+  w.open(0);
+  cudaFreeAsync(q, b);
+  cudaFreeAsync(r, b);
+  cudaStreamSynchronize(b);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  cudaMemPoolDestroy(pool);
+}
+
+TEST_F(Devices, ContextsAreCreatedBySetDeviceNotByGetDevice) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  int count = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&count));
+  ASSERT_GE(count, 2) << "simcuda models 2 devices by default";
+  std::thread([&] {
+    int d = -1;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&d));
+    EXPECT_EQ(0, d) << "a new thread's current device is 0";
+    EXPECT_EQ(0u, primary_contexts(1)) << "nothing touched device 1 yet";
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&d));
+    EXPECT_EQ(1, d);
+  }).join();
+  EXPECT_EQ(1u, primary_contexts(1)) << "cudaSetDevice(1) created device 1's context";
+  EXPECT_EQ(cudaErrorInvalidDevice, cudaSetDevice(count));
+  cudaGetLastError();
+}
+
+TEST_F(Devices, MemoryInfoAndOutOfMemoryAtCapacity) {
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaSuccess, cudaMemGetInfo(&free_bytes, &total));
+  EXPECT_GT(total, 0u);
+  EXPECT_LE(free_bytes, total);
+  void* p = nullptr;
+  EXPECT_EQ(cudaErrorMemoryAllocation, cudaMalloc(&p, total + (size_t{1} << 30)));
+  cudaGetLastError();
+}
+
+TEST_F(Devices, PageLockedMemoryIsMappedAtTheSameAddress) {
+  void* host = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaHostAlloc(&host, 4096, cudaHostAllocMapped));
+  void* device = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaHostGetDevicePointer(&device, host, 0));
+  EXPECT_EQ(host, device) << "unified addressing";
+  EXPECT_EQ(cudaSuccess, cudaFreeHost(host));
+}
+
+TEST_F(Devices, PoolAccessCanBeGrantedToAPeer) {
+  int count = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&count));
+  if (count < 2) GTEST_SKIP() << "one device: peer access needs two";
+  cudaMemPool_t pool = make_pool(0);
+  cudaMemAccessDesc access{};
+  access.location.type = cudaMemLocationTypeDevice;
+  access.location.id = 1;
+  access.flags = cudaMemAccessFlagsProtReadWrite;
+  EXPECT_EQ(cudaSuccess, cudaMemPoolSetAccess(pool, &access, 1));
+  access.location.id = count;
+  EXPECT_NE(cudaSuccess, cudaMemPoolSetAccess(pool, &access, 1));
+  cudaGetLastError();
+  cudaMemPoolDestroy(pool);
+}
+
+}  // namespace
+}  // namespace conformance

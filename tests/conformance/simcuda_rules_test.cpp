@@ -1,0 +1,165 @@
+// simcuda's strictness where CUDA is undefined: the access race checker and the violations it
+// names, device memory the host cannot touch, and call counters. These check simcuda itself
+// (they skip on a real runtime), except the host fault, which a GPU shows too.
+#include <csignal>
+#include <cstring>
+
+#include "conformance.hpp"
+
+namespace conformance {
+namespace {
+
+using SimcudaRules = Conformance;
+
+cudaStream_t make_stream() {
+  cudaStream_t s = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+TEST_F(SimcudaRules, AUseNotOrderedBeforeTheFreeIsAUseAfterFree) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  words w;
+  cudaStream_t a = make_stream(), b = make_stream();
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocAsync(&p, 4096, a));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(a));
+  w.gate(b, 0);
+  ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 1, 4096, b));
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, a));  // b's memset is not ordered before it
+  const std::string v = take_violations();
+  EXPECT_NE(std::string::npos, v.find("use after free: cudaMemsetAsync")) << v;
+  EXPECT_NE(std::string::npos, v.find("is not ordered before cudaFreeAsync")) << v;
+  w.open(0);
+  cudaStreamSynchronize(b);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+TEST_F(SimcudaRules, AFenceOrdersTheUseBeforeTheFree) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  words w;
+  cudaStream_t a = make_stream(), b = make_stream();
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocAsync(&p, 4096, a));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, a));
+  ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(b, e, 0));  // b after the allocation
+  w.gate(b, 0);
+  ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 1, 4096, b));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, b));
+  ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(a, e, 0));  // the free after b's use
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, a));
+  EXPECT_EQ("", take_violations());
+  w.open(0);
+  cudaStreamSynchronize(a);
+  cudaEventDestroy(e);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+TEST_F(SimcudaRules, AUseNotOrderedAfterTheAllocationIsAUseBeforeAllocation) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  words w;
+  cudaStream_t a = make_stream(), b = make_stream();
+  w.gate(a, 0);
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocAsync(&p, 4096, a));
+  ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 1, 4096, b));
+  const std::string v = take_violations();
+  EXPECT_NE(std::string::npos, v.find("use before allocation: cudaMemsetAsync")) << v;
+  w.open(0);
+  cudaStreamSynchronize(a);
+  cudaStreamSynchronize(b);
+  cudaFreeAsync(p, b);  // after both synchronizations: ordered after the allocation
+  cudaStreamSynchronize(b);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+TEST_F(SimcudaRules, TheHostCannotTouchDeviceMemory) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the runtime has threads
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMalloc(&p, 4096));
+  EXPECT_DEATH(
+      {
+        std::signal(SIGSEGV, SIG_DFL);
+        *static_cast<volatile char*>(p) = 1;
+      },
+      "");
+  cudaFree(p);
+}
+
+TEST_F(SimcudaRules, ADestroyedStreamOrEventIsAViolation) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  cudaStream_t s = make_stream();
+  ASSERT_EQ(cudaSuccess, cudaStreamDestroy(s));
+  EXPECT_NE(cudaSuccess, cudaStreamSynchronize(s));
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaEventDestroy(e));
+  EXPECT_NE(cudaSuccess, cudaEventRecord(e, cudaStreamPerThread));
+  cudaGetLastError();
+  const std::string v = take_violations();
+  EXPECT_NE(std::string::npos, v.find("cudaStreamSynchronize: use of destroyed stream")) << v;
+  EXPECT_NE(std::string::npos, v.find("cudaEventRecord: use of destroyed event")) << v;
+}
+
+TEST_F(SimcudaRules, ACudaCallInsideAHostFunctionIsAViolation) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  cudaStream_t s = make_stream();
+  ASSERT_EQ(cudaSuccess, cudaLaunchHostFunc(
+                             s,
+                             [](void*) {
+                               int d = 0;
+                               cudaGetDevice(&d);
+                             },
+                             nullptr));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  const std::string v = take_violations();
+  EXPECT_NE(std::string::npos, v.find("cudaGetDevice called from inside a host function")) << v;
+  cudaStreamDestroy(s);
+}
+
+TEST_F(SimcudaRules, FreeingMemoryNoPoolHandedOutIsAViolation) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  int local = 0;
+  EXPECT_EQ(cudaErrorInvalidValue, cudaFreeAsync(&local, cudaStreamPerThread));
+  cudaGetLastError();
+  const std::string v = take_violations();
+  EXPECT_NE(std::string::npos, v.find("no pool handed out this pointer")) << v;
+}
+
+TEST_F(SimcudaRules, FreeingNonGraphMemoryDuringCaptureIsAViolation) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  cudaStream_t s = make_stream();
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocAsync(&p, 4096, s));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  EXPECT_NE(cudaSuccess, cudaFreeAsync(p, s));
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
+  cudaGetLastError();
+  const std::string v = take_violations();
+  EXPECT_NE(std::string::npos, v.find("of non-graph memory on capturing")) << v;
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, s));
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+}
+
+TEST_F(SimcudaRules, CallsAreCounted) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  cudaStream_t s = make_stream();
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const uint64_t before = calls("cudaEventRecord");
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
+  EXPECT_EQ(before + 3, calls("cudaEventRecord"));
+  cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
+}  // namespace conformance
