@@ -219,9 +219,13 @@ TEST_P(StreamCache, ARoutedFreeIsCachedOnlyAfterItsWaits) {
   arcpool_allocation_t* b = allocate(kBlock, t_);
   EXPECT_EQ(first, data(b)) << "the wait-and-free target's cache kept the block";
   fill_async(t_, data(b), kBlock, 0x22);
+  auto receiver = mark(t_);
+  settle(t_);
+  EXPECT_FALSE(receiver->reached()) << "t_ reused the block before its wait on s_";
   busy.open();
   sync(s_);
   sync(t_);
+  EXPECT_TRUE(receiver->reached());
   expect_filled(data(b), kBlock, 0x22);
   EXPECT_OK(arcpool_deallocate_async(b, t_, 0));
   arcpool_allocation_release(a);

@@ -264,6 +264,24 @@ TEST_P(Streams, FencesComeFromARecycledEventPool) {
   arcpool_allocation_release(a);
 }
 
+/// DESIGN.md §6: an event whose record failed (a capture began) is destroyed, never returned to
+/// the event pool, so no later fence reuses an event the capture may hold.
+TEST_P(Streams, AnEventWhoseRecordFailedNeverReturnsToThePool) {
+  detail::fence_ref first;
+  ASSERT_OK(core().events().record(s_, 0, &first));
+  EXPECT_EQ(1u, core().events().events_created());
+  first = detail::fence_ref();  // back to the pool
+  ASSERT_OK(core().drv().stream_begin_capture(s_));
+  detail::fence_ref failed;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, core().events().record(s_, 0, &failed))
+      << "the pooled event's record fails on a capturing stream";
+  EXPECT_FALSE(failed);
+  ASSERT_OK(core().drv().stream_end_capture(s_));
+  detail::fence_ref next;
+  ASSERT_OK(core().events().record(s_, 0, &next));
+  EXPECT_EQ(2u, core().events().events_created()) << "the failed event was pooled and reused";
+}
+
 /// A fence still referenced is never recycled, even with a pool that keeps one event.
 class OneEventPool : public Streams {
  protected:
