@@ -73,7 +73,8 @@ cudaError_t stream_synchronize(cudaStream_t handle, bool ptds) {
   cudaError_t e = cudaSuccess;
   if (s->type == stream_obj::kind::legacy && capture_node(*s, "", &e)) return ret(e);
   check_unsafe_unverified("cudaStreamSynchronize");
-  host_wait(lock, {s, s->enqueued}, s->clock);
+  const vclock clock = s->clock;  // what the host learns: this point, not later enqueues
+  host_wait(lock, {s, s->enqueued}, clock);
   // driver_types.h, cudaMemPoolAttrReleaseThreshold: "When more than the release threshold
   // bytes of memory are held by the memory pool, the allocator will try to release memory back
   // to the OS on the next call to stream, event or context synchronize."

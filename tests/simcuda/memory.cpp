@@ -405,7 +405,10 @@ cudaError_t memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind ki
   const uint64_t seq = enqueue(*s, std::move(o));
   check_access(*s, seq, sp, n, /*host_ok=*/true, std::string(call) + " (source)");
   check_access(*s, seq, d, n, /*host_ok=*/true, std::string(call) + " (destination)");
-  if (synchronous || dst_pageable) host_wait(lock, {s, seq}, s->clock);
+  if (synchronous || dst_pageable) {
+    const vclock clock = s->clock;
+    host_wait(lock, {s, seq}, clock);
+  }
   (void)r;
   return cudaSuccess;
 }

@@ -286,6 +286,7 @@ stream_obj* resolve_stream(cudaStream_t s, bool per_thread_default, const char* 
 /// barriers, host clock, scheduler. Returns the op's seq.
 uint64_t enqueue(stream_obj& s, std::unique_ptr<op> o);
 /// Blocks (releasing the lock) until `p` completed, then joins `clock` into the host clock.
+/// `clock` must be a copy: the stream's own clock moves on while the lock is released.
 void host_wait(std::unique_lock<std::mutex>& lock, stream_point p, const vclock& clock);
 /// Whether `p` completed.
 bool done(stream_point p);
