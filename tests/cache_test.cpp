@@ -118,6 +118,16 @@ TEST_P(StreamCache, TheCacheIsBoundedInBytesAndBySize) {
   EXPECT_EQ(16 * kBlock, st.bytes_cached_current);
 }
 
+TEST_P(StreamCache, TrimReleasesTheMemoryOfFreesItHasNotSeenComplete) {
+  // cudaMemPoolTrimTo: frees whose completion the host has not observed can count as
+  // outstanding. trim must observe the frees it enqueued (the cache's) and those already
+  // queued on arcpool's streams before it trims.
+  allocate_and_free(kBlock, s_);        // cached; trim flushes it on s_
+  allocate_and_free(128 * kBlock, t_);  // above the cache's largest block: freed on t_ now
+  ASSERT_OK(arcpool_allocator_trim(alloc_, 0));
+  EXPECT_EQ(0u, stats().pool_reserved_bytes_current) << "nothing is in use: all is released";
+}
+
 TEST_P(StreamCache, TrimGivesCachedBlocksBack) {
   allocate_and_free(kBlock, s_);
   allocate_and_free(2 * kBlock, s_);

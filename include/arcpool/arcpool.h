@@ -262,8 +262,10 @@ ARCPOOL_API arcpool_driver_kind_t arcpool_allocator_driver(const arcpool_allocat
 ARCPOOL_API int arcpool_allocator_device(const arcpool_allocator_t* allocator);
 
 /**
- * Returns memory the allocator holds but does not use: completes pending reclaims (blocking on
- * their fences), then trims the pool to `keep_bytes` reserved (owned pools only). Blocks.
+ * Returns memory the allocator holds but does not use: flushes the per-stream caches, completes
+ * pending reclaims (blocking on their fences), synchronizes arcpool's streams that are not
+ * capturing (the pool releases only frees the host saw complete), then trims the pool to
+ * `keep_bytes` reserved (owned pools only). Blocks.
  */
 ARCPOOL_API arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator,
                                                     size_t keep_bytes);

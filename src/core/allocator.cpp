@@ -887,8 +887,22 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
 // Pool maintenance and stats
 
 arcpool_status_t allocator::trim(size_t keep_bytes) {
-  flush_caches(/*include_legacy=*/true, /*synchronize=*/false);
+  flush_caches(/*include_legacy=*/true, /*synchronize=*/true);
   ARCPOOL_RETURN_IF_ERROR(reclaimer_.drain());
+  // cudaMemPoolTrimTo: "Allocations that have been asynchronously freed but whose completion
+  // has not been observed on the host (eg. by a synchronize) can count as outstanding." So
+  // observe the frees queued on arcpool's streams first (not capturing ones: synchronizing
+  // those would invalidate the capture), as PyTorch's cudaMallocAsync backend does before its
+  // trim.
+  streams_.for_each([&](stream_entry& entry) {
+    entry.with_alive([&](stream_handle h) {
+      bool capturing = true;
+      if (driver_->stream_is_capturing(h, &capturing) == ARCPOOL_STATUS_SUCCESS && !capturing) {
+        driver_->stream_synchronize(h);
+      }
+      return ARCPOOL_STATUS_SUCCESS;
+    });
+  });
   return driver_->pool_trim(keep_bytes);
 }
 
