@@ -12,6 +12,7 @@
 
 #include "drivers/host_stream.hpp"
 #include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
 
 namespace arcpool::test {
 namespace {
@@ -197,6 +198,23 @@ TEST_P(Errors, NullArgumentsAreInvalidArguments) {
   EXPECT_EQ(1u, info(a).owners);
   EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
   arcpool_allocation_release(a);
+}
+
+TEST_P(Errors, AStreamArcpoolHasNotSeenIsCheckedForCaptureBeforeItsIdIsAsked) {
+  // Whether cudaStreamGetId is legal during capture is not documented (CCCL treats it as
+  // invalidating): arcpool asks for the capture status first. simcuda counts the calls.
+  arcpool_stream_t app = make_app_stream();  // never passed to arcpool before
+  ASSERT_OK(core().drv().stream_begin_capture(app));
+  reset_simcuda_calls();
+  arcpool_allocation_t* out = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED,
+                arcpool_allocate_async(alloc_, kBytes, 0, app, 0, &out));
+  EXPECT_TRUE(last_error_mentions("capturing")) << arcpool_last_error();
+  if (!on_host() && on_simcuda()) {
+    EXPECT_EQ(0u, simcuda_calls("cudaStreamGetId")) << "an id asked of a capturing stream";
+    EXPECT_EQ(1u, simcuda_calls("cudaStreamIsCapturing"));
+  }
+  EXPECT_OK(core().drv().stream_end_capture(app));
 }
 
 TEST_P(Errors, ACapturingStreamIsUnsupportedAndNothingChanges) {

@@ -148,6 +148,15 @@ arcpool_status_t allocator::resolve_stream(stream_handle s, stream_ref* out) {
   out->handle = s;
   out->kind = kind_of(s);
   out->thread = out->kind == stream_kind::per_thread_default ? this_thread_serial() : 0;
+  // Capture first: whether cudaStreamGetId is legal on a capturing stream is undocumented
+  // (CCCL treats the query as invalidating the capture), and arcpool refuses such streams.
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
+  if (capturing) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "stream %p is capturing a CUDA graph; arcpool does not support graph capture yet",
+                static_cast<void*>(s));
+  }
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_id(s, &out->id));
   out->entry = out->kind == stream_kind::application ? streams_.find(out->id) : nullptr;
   if (out->entry != nullptr || out->kind != stream_kind::application) {
