@@ -242,6 +242,15 @@ cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, 
   return launch(kernel, grid, block, args, stream, true);
 }
 
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
+  if (config == nullptr) return ret(cudaErrorInvalidValue);
+  cudaKernel_t kernel = nullptr;
+  if (__cudaGetKernel(&kernel, func) != cudaSuccess) return ret(cudaErrorInvalidDeviceFunction);
+  // Launch attributes (clusters, priorities, programmatic serialization) do not change what a
+  // host twin does or the stream order it runs in.
+  return launch(kernel, config->gridDim, config->blockDim, args, config->stream, false);
+}
+
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
   SIMCUDA_ENTER("cudaFuncGetAttributes");
   if (attr == nullptr || kernels().count(func) == 0) return ret(cudaErrorInvalidDeviceFunction);
