@@ -185,6 +185,33 @@ TEST(Stats, ResetPeaksRestartsEveryHighWaterMarkThePoolsIncluded) {
   arcpool_allocator_destroy(a);
 }
 
+TEST(Stats, ResetPeaksRestartsTheCudaPoolsHighWaterMarkAtItsReservation) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  auto o = defaults();
+  o.driver = ARCPOOL_DRIVER_CUDA;
+  o.stream_cache_bytes = 0;  // owned pool, release threshold UINT64_MAX: the memory stays
+  arcpool_allocator_t* a = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&o, &a));
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_allocation_t* big = nullptr;
+  ASSERT_OK(arcpool_allocate_async(a, 32 << 20, 0, s, 0, &big));
+  ASSERT_OK(arcpool_deallocate_async(big, s, 0));
+  arcpool_allocation_release(big);
+  ASSERT_OK(arcpool_allocator_trim(a, 0));  // reserved back to 0; the peak stays at 32 MiB
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  ASSERT_OK(arcpool_stats_get(a, &st));
+  EXPECT_GE(st.pool_reserved_bytes_peak, uint64_t{32} << 20);
+  ASSERT_OK(arcpool_stats_reset_peaks(a));
+  ASSERT_OK(arcpool_stats_get(a, &st));
+  EXPECT_EQ(st.pool_reserved_bytes_current, st.pool_reserved_bytes_peak)
+      << "the pool's high-water mark restarts at its reservation";
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+}
+
 TEST(VersionedStructs, StatusStringsNameEveryStatus) {
   for (int s = ARCPOOL_STATUS_SUCCESS; s <= ARCPOOL_STATUS_NO_DEVICE; ++s) {
     EXPECT_STRNE("ARCPOOL_STATUS_(unknown)",

@@ -241,6 +241,17 @@ class cuda_driver final : public driver {
     return f;
   }
 
+  void pool_reset_peak() noexcept override {
+    if (process_exiting()) return;
+    device_guard guard(device_);
+    // driver_types.h, cudaMemPoolAttrReservedMemHigh: "High watermark can only be reset to
+    // zero"; the pool then restarts it at its current reservation.
+    uint64_t zero = 0;
+    if (cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero) != cudaSuccess) {
+      cudaGetLastError();  // ours: a pool that cannot reset keeps its peak
+    }
+  }
+
   arcpool_status_t device_memory(size_t* out) override {
     if (process_exiting()) return exiting("cudaMemGetInfo");
     device_guard guard(device_);
