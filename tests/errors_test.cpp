@@ -327,7 +327,44 @@ TEST_P(OutOfMemory, TheCallbackMayFreeMemoryAndAskForARetry) {
   arcpool_allocation_release(b);
 }
 
+/// A pool of 4 MiB (the CUDA pool's maximum size; the host pool's capacity).
+class SmallPool : public Errors {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.max_pool_bytes = size_t{4} << 20;
+    options.host_capacity_bytes = size_t{4} << 20;
+  }
+};
+
+TEST_P(SmallPool, TheRetryWaitsForFreesQueuedOnArcpoolsOtherStreams) {
+  // A pool lends a block freed on another stream only once that free ran (owned pools allow no
+  // hidden waits): near capacity, the retry must let the frees queued on arcpool's streams run.
+  arcpool_stream_t x = make_stream();
+  arcpool_allocation_t* a = allocate(size_t{3} << 20, x);
+  gate& held = block(x);
+  EXPECT_OK(arcpool_deallocate_async(a, x, 0));  // same stream: a pool free queued behind the gate
+  arcpool_allocation_release(a);
+  std::atomic<bool> returned{false};
+  // Opens the gate once the allocation below entered the out-of-memory path (or returned).
+  std::thread opener([&] {
+    while (stats().oom_retries == 0 && !returned.load())
+      std::this_thread::yield();
+    held.open();
+  });
+  arcpool_allocation_t* b = nullptr;
+  EXPECT_OK(arcpool_allocate_async(alloc_, size_t{3} << 20, 0, s_, 0, &b));
+  returned = true;
+  opener.join();
+  EXPECT_EQ(1u, stats().oom_retries);
+  EXPECT_EQ(0u, stats().oom_failures);
+  if (b != nullptr) {
+    EXPECT_OK(arcpool_deallocate_async(b, s_, 0));
+    arcpool_allocation_release(b);
+  }
+}
+
 ARCPOOL_INSTANTIATE_FOR_DRIVERS(Errors);
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(SmallPool);
 ARCPOOL_INSTANTIATE_FOR_DRIVERS(OutOfMemory);
 
 /// A sticky error (a device fault) surfaces as CUDA_ERROR with its name, and nothing hangs.

@@ -378,6 +378,10 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, c
   // once its free completed.
   flush_caches(/*include_legacy=*/s.kind == stream_kind::legacy_default, /*synchronize=*/true);
   reclaimer_.drain();
+  // Frees already queued on arcpool's other streams (same-stream and routed frees, caches off)
+  // hold pool memory until they run: an owned pool inserts no hidden wait to lend it. Streams
+  // arcpool does not know may be gone: their frees are not waited for.
+  synchronize_known_streams();
   status = try_pool_allocate(bytes, s, out);
   while (status == ARCPOOL_STATUS_OUT_OF_MEMORY && config_.on_out_of_memory != nullptr &&
          config_.on_out_of_memory(requested, config_.on_out_of_memory_user_data) != 0) {
@@ -903,6 +907,11 @@ arcpool_status_t allocator::trim(size_t keep_bytes) {
   // observe the frees queued on arcpool's streams first (not capturing ones: synchronizing
   // those would invalidate the capture), as PyTorch's cudaMallocAsync backend does before its
   // trim.
+  synchronize_known_streams();
+  return driver_->pool_trim(keep_bytes);
+}
+
+void allocator::synchronize_known_streams() {
   streams_.for_each([&](stream_entry& entry) {
     entry.with_alive([&](stream_handle h) {
       bool capturing = true;
@@ -912,7 +921,6 @@ arcpool_status_t allocator::trim(size_t keep_bytes) {
       return ARCPOOL_STATUS_SUCCESS;
     });
   });
-  return driver_->pool_trim(keep_bytes);
 }
 
 void allocator::read_stats(arcpool_stats_t* out) const {

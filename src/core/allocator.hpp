@@ -88,7 +88,8 @@ class allocator {
   arcpool_status_t ambient_malloc(size_t size, void** out);
   arcpool_status_t ambient_free(void* p);
 
-  /// Completes pending reclaims, then trims the pool to `keep_bytes`.
+  /// Flushes the caches, completes pending reclaims, synchronizes the known streams, then trims
+  /// the pool to `keep_bytes`.
   arcpool_status_t trim(size_t keep_bytes);
 
   void read_stats(arcpool_stats_t* out) const;
@@ -153,6 +154,9 @@ class allocator {
   /// `synchronize`: waits until the frees ran, so that the pool can lend the blocks to any
   /// stream.
   void flush_caches(bool include_legacy, bool synchronize);
+  /// Synchronizes every created or registered stream that is alive and not capturing, so that
+  /// the frees queued on them ran and the host saw them complete (trim, out of memory).
+  void synchronize_known_streams();
   /// Accepts the deallocation (ownership transition, stats, the log's free row on `stream`).
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream);
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
