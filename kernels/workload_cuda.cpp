@@ -9,6 +9,9 @@ namespace {
 
 arcpool_status_t check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return ARCPOOL_STATUS_SUCCESS;
+  // The failed call also set this thread's last error: clear it, or the next launch check
+  // (cudaGetLastError) would report it again.
+  cudaGetLastError();
   std::fprintf(stderr, "arcpool workload: %s failed: %s\n", what, cudaGetErrorName(e));
   return ARCPOOL_STATUS_CUDA_ERROR;
 }

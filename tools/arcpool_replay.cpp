@@ -176,15 +176,24 @@ result replay_arcpool(const trace& t, arcpool_driver_kind_t driver, size_t capac
 }
 
 /// The raw driver pool (an arcpool-configured pool used directly: cudaMallocFromPoolAsync /
-/// cudaFreeAsync on the CUDA driver), frees on the trace's stream.
+/// cudaFreeAsync on the CUDA driver), frees on the trace's stream. A free on another stream than
+/// the allocation's is ordered after the allocation's stream with an event record and wait, as
+/// a correct program must (cudaFreeAsync on an unordered stream is a use before allocation).
 result replay_raw(const trace& t, arcpool_driver_kind_t driver, size_t capacity) {
   result r;
   r.mode = "raw driver pool";
   arcpool_allocator_t* a = make(driver, capacity, false);
   arcpool::detail::driver& drv = arcpool::detail::from_handle(a)->drv();
   auto streams = make_streams(a, t);
-  std::unordered_map<uint64_t, std::pair<void*, size_t>> live;
+  struct block {
+    void* pointer;
+    size_t bytes;
+    arcpool_stream_t stream;
+  };
+  std::unordered_map<uint64_t, block> live;
   live.reserve(t.events.size());
+  arcpool::detail::event_handle order = nullptr;
+  if (drv.event_create(&order) != ARCPOOL_STATUS_SUCCESS) ++r.failures;
   uint64_t in_use = 0;
   const auto start = std::chrono::steady_clock::now();
   for (const event& e : t.events) {
@@ -193,24 +202,31 @@ result replay_raw(const trace& t, arcpool_driver_kind_t driver, size_t capacity)
       void* p = nullptr;
       if (e.size == 0) continue;
       if (drv.pool_allocate(e.size, s, &p) == ARCPOOL_STATUS_SUCCESS) {
-        live[e.pointer] = {p, e.size};
+        live[e.pointer] = {p, e.size, s};
         in_use += e.size;
         if (in_use > r.peak_in_use) r.peak_in_use = in_use;
       } else {
         ++r.failures;
       }
     } else if (auto it = live.find(e.pointer); it != live.end()) {
-      drv.pool_free(it->second.first, it->second.second, s);
-      in_use -= it->second.second;
+      const block& b = it->second;
+      if (b.stream != s && order != nullptr &&
+          (drv.event_record(order, b.stream) != ARCPOOL_STATUS_SUCCESS ||
+           drv.stream_wait_event(s, order) != ARCPOOL_STATUS_SUCCESS)) {
+        ++r.failures;
+      }
+      drv.pool_free(b.pointer, b.bytes, s);
+      in_use -= b.bytes;
       live.erase(it);
     }
   }
   settle(a, streams);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.peak_reserved = drv.pool_query().reserved_peak;
-  for (auto& [key, block] : live)
-    drv.pool_free(block.first, block.second, streams[0]);
+  for (auto& [key, b] : live)
+    drv.pool_free(b.pointer, b.bytes, streams[0]);  // after settle: every stream is idle
   settle(a, streams);
+  if (order != nullptr) drv.event_destroy(order);
   for (auto& [key, s] : streams) {
     if (s != nullptr) arcpool_stream_destroy(a, s);
   }
