@@ -13,15 +13,23 @@ _installed = None
 
 
 class _Block:
-    """Owns one arcpool allocation; frees it on CuPy's then-current stream when it dies."""
+    """Owns one arcpool allocation; frees it on CuPy's then-current stream when it dies.
 
-    def __init__(self, cupy, pointer, size, device):
+    It also holds the CuPy stream it was allocated on: cupy.cuda.Stream destroys its CUDA stream
+    in __del__, and arrays routinely outlive their stream, but arcpool's free fences the
+    allocation's stream (its current stream, which the caller must keep alive). Holding the
+    object keeps that stream alive until the free has returned.
+    """
+
+    def __init__(self, cupy, pointer, size, device, stream):
         self._cupy, self.pointer, self.size, self.device = cupy, pointer, size, device
+        self._stream = stream
 
     def __del__(self):
         with self._cupy.cuda.Device(self.device):  # that device's current stream
             stream = self._cupy.cuda.get_current_stream().ptr
         _lib.lib.arcpool_free_async(self.pointer, self.size, self.device, stream)
+        self._stream = None  # the allocation's stream may go now
 
 
 def install():
@@ -34,11 +42,11 @@ def install():
         if size == 0:
             return cupy.cuda.memory.MemoryPointer(
                 cupy.cuda.memory.UnownedMemory(0, 0, None, device), 0)
-        stream = cupy.cuda.get_current_stream().ptr
-        pointer = _lib.lib.arcpool_malloc_async(size, device, stream)
+        stream = cupy.cuda.get_current_stream()
+        pointer = _lib.lib.arcpool_malloc_async(size, device, stream.ptr)
         if not pointer:
             raise MemoryError("arcpool: " + _lib.lib.arcpool_last_error().decode())
-        block = _Block(cupy, pointer, size, device)
+        block = _Block(cupy, pointer, size, device, stream)
         return cupy.cuda.memory.MemoryPointer(
             cupy.cuda.memory.UnownedMemory(pointer, size, block, device), 0)
 

@@ -1,0 +1,116 @@
+"""arcpool.cupy's hooks in the order CuPy calls them, on simcuda (the CUDA runtime simulator).
+
+CuPy itself needs a GPU (test_cupy.py). Here a stand-in gives arcpool.cupy what it reads of
+CuPy: the current stream, whose CUDA stream is destroyed when the Python object dies (as
+cupy.cuda.Stream.__del__ does), and the memory classes that own an allocation. Runs only on
+simcuda, whose violations report a use of a destroyed stream.
+"""
+import ctypes
+import sys
+import types
+import unittest
+
+
+def _simcuda():
+    try:
+        runtime = ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+        runtime.simcuda_take_violations  # only simcuda has it
+        return runtime
+    except (OSError, AttributeError):
+        return None
+
+
+RUNTIME = _simcuda()
+
+
+class _Stream:
+    """cupy.cuda.Stream: a CUDA stream destroyed when the object dies."""
+
+    current = None
+
+    def __init__(self):
+        handle = ctypes.c_void_p()
+        assert RUNTIME.cudaStreamCreateWithFlags(ctypes.byref(handle), 1) == 0
+        self.ptr = handle.value
+
+    def __del__(self):
+        RUNTIME.cudaStreamDestroy(ctypes.c_void_p(self.ptr))
+
+
+class _NullStream:
+    ptr = 0
+
+
+def _fake_cupy():
+    cupy = types.ModuleType("cupy")
+    cuda = types.SimpleNamespace()
+
+    class Device:
+        def __init__(self, device=0):
+            self.id = device
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class UnownedMemory:
+        def __init__(self, ptr, size, owner, device):
+            self.ptr, self.size, self.owner, self.device = ptr, size, owner, device
+
+    class MemoryPointer:
+        def __init__(self, mem, offset):
+            self.mem, self.offset = mem, offset
+
+    cuda.Device = Device
+    cuda.get_current_stream = lambda: _Stream.current or _NullStream()
+    cuda.memory = types.SimpleNamespace(UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer)
+    cuda.set_allocator = lambda fn: None
+    cupy.cuda = cuda
+    return cupy
+
+
+def _take_violations():
+    buf = ctypes.create_string_buffer(1 << 16)
+    RUNTIME.simcuda_take_violations.restype = ctypes.c_uint64
+    RUNTIME.simcuda_take_violations(buf, ctypes.c_size_t(len(buf)))
+    return buf.value.decode()
+
+
+@unittest.skipUnless(RUNTIME is not None, "needs simcuda (the simcuda presets)")
+class CupyHooksOnSimcuda(unittest.TestCase):
+    def setUp(self):
+        self._saved = sys.modules.get("cupy")
+        sys.modules["cupy"] = _fake_cupy()
+        import arcpool.cupy
+
+        self.malloc = arcpool.cupy.install()
+        _take_violations()
+
+    def tearDown(self):
+        _Stream.current = None
+        if self._saved is None:
+            sys.modules.pop("cupy", None)
+        else:
+            sys.modules["cupy"] = self._saved
+
+    def test_an_array_that_outlives_its_stream_is_freed_without_touching_it(self):
+        # As in test_cupy.py: allocate under `with stream:`, leave it, drop the stream, and the
+        # array dies later, freed on the then-current (null) stream.
+        _Stream.current = _Stream()
+        array = self.malloc(1 << 20)
+        _Stream.current = None  # the stream object's last reference: CuPy would destroy it here
+        del array  # the free runs on the null stream
+        self.assertEqual("", _take_violations())
+
+    def test_zero_size_arrays_need_no_stream(self):
+        _Stream.current = _Stream()
+        empty = self.malloc(0)
+        _Stream.current = None
+        del empty
+        self.assertEqual("", _take_violations())
+
+
+if __name__ == "__main__":
+    unittest.main()
