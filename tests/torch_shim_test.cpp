@@ -38,7 +38,7 @@ TEST_F(TorchShim, RecordStreamCoversSideWorkQueuedBeforeTheFree) {
   w.open(0);
   ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(side));
   arcpool_torch_empty_cache();  // completes the deferred free
-  EXPECT_EQ("", take_violations());
+  EXPECT_EQ("", take_simcuda_violations());
   cudaStreamDestroy(main_stream);
   cudaStreamDestroy(side);
 }

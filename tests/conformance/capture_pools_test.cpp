@@ -248,10 +248,10 @@ TEST_F(Pools, AnOwnedPoolWithoutInternalDependenciesInsertsNoHiddenWait) {
   ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&p, 1 << 20, pool, a));
   w.gate(a, 0);
   ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, a));
-  const uint64_t before = hidden_waits();
+  const uint64_t before = simcuda_hidden_waits();
   ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&q, 1 << 20, pool, b));
   EXPECT_NE(p, q) << "the free is not ordered before b and has not run";
-  EXPECT_EQ(before, hidden_waits());
+  EXPECT_EQ(before, simcuda_hidden_waits());
   // With internal dependencies, the most recent free is reused behind a hidden wait.
   int on = 1;
   ASSERT_EQ(cudaSuccess,
@@ -259,7 +259,7 @@ TEST_F(Pools, AnOwnedPoolWithoutInternalDependenciesInsertsNoHiddenWait) {
   void* r = nullptr;
   ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&r, 1 << 20, pool, b));
   EXPECT_EQ(p, r);
-  EXPECT_EQ(before + 1, hidden_waits());
+  EXPECT_EQ(before + 1, simcuda_hidden_waits());
   w.mark(b, 1);
   w.settle();
   EXPECT_FALSE(w.reached(1)) << "b waits for a's free";
@@ -281,12 +281,12 @@ TEST_F(Devices, ContextsAreCreatedBySetDeviceNotByGetDevice) {
     int d = -1;
     ASSERT_EQ(cudaSuccess, cudaGetDevice(&d));
     EXPECT_EQ(0, d) << "a new thread's current device is 0";
-    EXPECT_EQ(0u, primary_contexts(1)) << "nothing touched device 1 yet";
+    EXPECT_EQ(0u, simcuda_primary_contexts(1)) << "nothing touched device 1 yet";
     ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
     ASSERT_EQ(cudaSuccess, cudaGetDevice(&d));
     EXPECT_EQ(1, d);
   }).join();
-  EXPECT_EQ(1u, primary_contexts(1)) << "cudaSetDevice(1) created device 1's context";
+  EXPECT_EQ(1u, simcuda_primary_contexts(1)) << "cudaSetDevice(1) created device 1's context";
   EXPECT_EQ(cudaErrorInvalidDevice, cudaSetDevice(count));
   cudaGetLastError();
 }

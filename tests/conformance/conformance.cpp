@@ -1,7 +1,5 @@
 #include "conformance.hpp"
 
-#include <dlfcn.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -10,11 +8,6 @@
 
 namespace conformance {
 namespace {
-
-template <typename Fn>
-Fn lookup(const char* name) {
-  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
-}
 
 using value_fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
@@ -44,36 +37,6 @@ std::string no_device_reason() {
     return std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e);
   }
   return count > 0 ? std::string() : std::string("no devices");
-}
-
-bool on_simcuda() {
-  return lookup<void*>("simcuda_violation_count") != nullptr;
-}
-
-std::string take_violations() {
-  using take_fn = uint64_t (*)(char*, size_t);
-  static const take_fn take = lookup<take_fn>("simcuda_take_violations");
-  if (take == nullptr) return {};
-  std::vector<char> buf(1 << 16);
-  return take(buf.data(), buf.size()) == 0 ? std::string() : std::string(buf.data());
-}
-
-uint64_t calls(const char* name) {
-  using fn = uint64_t (*)(const char*);
-  static const fn f = lookup<fn>("simcuda_call_count");
-  return f == nullptr ? 0 : f(name);
-}
-
-uint64_t primary_contexts(int device) {
-  using fn = uint64_t (*)(int);
-  static const fn f = lookup<fn>("simcuda_primary_contexts");
-  return f == nullptr ? 0 : f(device);
-}
-
-uint64_t hidden_waits() {
-  using fn = uint64_t (*)();
-  static const fn f = lookup<fn>("simcuda_hidden_waits");
-  return f == nullptr ? 0 : f();
 }
 
 words::words() {
@@ -129,7 +92,7 @@ void Conformance::TearDown() {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   cudaThreadExchangeStreamCaptureMode(&mode);
   cudaGetLastError();
-  if (const std::string v = take_violations(); !v.empty()) {
+  if (const std::string v = arcpool::test::take_simcuda_violations(); !v.empty()) {
     ADD_FAILURE() << "simcuda violations:\n" << v;
   }
 }

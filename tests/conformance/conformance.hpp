@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "support/simcuda_probe.hpp"
+
 namespace conformance {
 
 /// Skips (or fails under ARCPOOL_REQUIRE_GPU=1) without a CUDA device.
@@ -23,22 +25,18 @@ namespace conformance {
   } while (0)
 
 /// Skips unless the runtime is simcuda (for checks of its counters and violations).
-#define CONFORMANCE_SIMCUDA_ONLY()                                                           \
-  do {                                                                                       \
-    if (!::conformance::on_simcuda()) GTEST_SKIP() << "simcuda's own check: not on simcuda"; \
+#define CONFORMANCE_SIMCUDA_ONLY()                                                             \
+  do {                                                                                         \
+    if (!::arcpool::test::on_simcuda()) GTEST_SKIP() << "simcuda's own check: not on simcuda"; \
   } while (0)
 
 bool gpu_required();
 std::string no_device_reason();
-bool on_simcuda();
-/// simcuda's violations since the last take ("" elsewhere).
-std::string take_violations();
-/// simcuda's call count of `name` (0 elsewhere).
-uint64_t calls(const char* name);
-/// Primary contexts simcuda created on `device` (0 elsewhere).
-uint64_t primary_contexts(int device);
-/// Waits simcuda's pools inserted to reuse memory (0 elsewhere).
-uint64_t hidden_waits();
+using arcpool::test::on_simcuda;
+using arcpool::test::simcuda_calls;
+using arcpool::test::simcuda_hidden_waits;
+using arcpool::test::simcuda_primary_contexts;
+using arcpool::test::take_simcuda_violations;
 
 /// Mapped page-locked words for gates and markers, allocated once (a page-locked allocation
 /// may synchronize implicitly, so none is made while a gate holds a stream).

@@ -27,7 +27,7 @@ TEST_F(SimcudaRules, AUseNotOrderedBeforeTheFreeIsAUseAfterFree) {
   w.gate(b, 0);
   ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 1, 4096, b));
   ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, a));  // b's memset is not ordered before it
-  const std::string v = take_violations();
+  const std::string v = take_simcuda_violations();
   EXPECT_NE(std::string::npos, v.find("use after free: cudaMemsetAsync")) << v;
   EXPECT_NE(std::string::npos, v.find("is not ordered before cudaFreeAsync")) << v;
   w.open(0);
@@ -51,7 +51,7 @@ TEST_F(SimcudaRules, AFenceOrdersTheUseBeforeTheFree) {
   ASSERT_EQ(cudaSuccess, cudaEventRecord(e, b));
   ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(a, e, 0));  // the free after b's use
   ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, a));
-  EXPECT_EQ("", take_violations());
+  EXPECT_EQ("", take_simcuda_violations());
   w.open(0);
   cudaStreamSynchronize(a);
   cudaEventDestroy(e);
@@ -67,7 +67,7 @@ TEST_F(SimcudaRules, AUseNotOrderedAfterTheAllocationIsAUseBeforeAllocation) {
   void* p = nullptr;
   ASSERT_EQ(cudaSuccess, cudaMallocAsync(&p, 4096, a));
   ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 1, 4096, b));
-  const std::string v = take_violations();
+  const std::string v = take_simcuda_violations();
   EXPECT_NE(std::string::npos, v.find("use before allocation: cudaMemsetAsync")) << v;
   w.open(0);
   cudaStreamSynchronize(a);
@@ -101,7 +101,7 @@ TEST_F(SimcudaRules, ADestroyedStreamOrEventIsAViolation) {
   ASSERT_EQ(cudaSuccess, cudaEventDestroy(e));
   EXPECT_NE(cudaSuccess, cudaEventRecord(e, cudaStreamPerThread));
   cudaGetLastError();
-  const std::string v = take_violations();
+  const std::string v = take_simcuda_violations();
   EXPECT_NE(std::string::npos, v.find("cudaStreamSynchronize: use of destroyed stream")) << v;
   EXPECT_NE(std::string::npos, v.find("cudaEventRecord: use of destroyed event")) << v;
 }
@@ -117,7 +117,7 @@ TEST_F(SimcudaRules, ACudaCallInsideAHostFunctionIsAViolation) {
                              },
                              nullptr));
   ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
-  const std::string v = take_violations();
+  const std::string v = take_simcuda_violations();
   EXPECT_NE(std::string::npos, v.find("cudaGetDevice called from inside a host function")) << v;
   cudaStreamDestroy(s);
 }
@@ -127,7 +127,7 @@ TEST_F(SimcudaRules, FreeingMemoryNoPoolHandedOutIsAViolation) {
   int local = 0;
   EXPECT_EQ(cudaErrorInvalidValue, cudaFreeAsync(&local, cudaStreamPerThread));
   cudaGetLastError();
-  const std::string v = take_violations();
+  const std::string v = take_simcuda_violations();
   EXPECT_NE(std::string::npos, v.find("no pool handed out this pointer")) << v;
 }
 
@@ -141,7 +141,7 @@ TEST_F(SimcudaRules, FreeingNonGraphMemoryDuringCaptureIsAViolation) {
   cudaGraph_t graph = nullptr;
   EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
   cudaGetLastError();
-  const std::string v = take_violations();
+  const std::string v = take_simcuda_violations();
   EXPECT_NE(std::string::npos, v.find("of non-graph memory on capturing")) << v;
   ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, s));
   cudaStreamSynchronize(s);
@@ -153,10 +153,10 @@ TEST_F(SimcudaRules, CallsAreCounted) {
   cudaStream_t s = make_stream();
   cudaEvent_t e = nullptr;
   ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  const uint64_t before = calls("cudaEventRecord");
+  const uint64_t before = simcuda_calls("cudaEventRecord");
   for (int i = 0; i < 3; ++i)
     ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
-  EXPECT_EQ(before + 3, calls("cudaEventRecord"));
+  EXPECT_EQ(before + 3, simcuda_calls("cudaEventRecord"));
   cudaEventDestroy(e);
   cudaStreamDestroy(s);
 }

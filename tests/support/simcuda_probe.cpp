@@ -38,4 +38,16 @@ void reset_simcuda_calls() {
   if (reset != nullptr) reset();
 }
 
+uint64_t simcuda_primary_contexts(int device) {
+  using count_fn = uint64_t (*)(int);
+  static const count_fn count = lookup<count_fn>("simcuda_primary_contexts");
+  return count == nullptr ? 0 : count(device);
+}
+
+uint64_t simcuda_hidden_waits() {
+  using count_fn = uint64_t (*)();
+  static const count_fn count = lookup<count_fn>("simcuda_hidden_waits");
+  return count == nullptr ? 0 : count();
+}
+
 }  // namespace arcpool::test

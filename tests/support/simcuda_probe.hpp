@@ -1,5 +1,6 @@
 // What a test can ask simcuda, the CUDA runtime simulator (tests/simcuda/simcuda.h), when it
-// runs on it. Looked up at run time, so the same binary runs on the real runtime.
+// runs on it. Looked up at run time, so the same binary runs on the real runtime. Needs only
+// the C library: the CUDA conformance suite uses it too.
 #pragma once
 
 #include <cstdint>
@@ -18,5 +19,11 @@ uint64_t simcuda_calls(const char* name);
 
 /// Resets simcuda's call counters (no effect when not on simcuda).
 void reset_simcuda_calls();
+
+/// Primary contexts simcuda created on `device` (0 when not on simcuda).
+uint64_t simcuda_primary_contexts(int device);
+
+/// Waits simcuda's pools inserted between streams to reuse memory (0 when not on simcuda).
+uint64_t simcuda_hidden_waits();
 
 }  // namespace arcpool::test
