@@ -1,4 +1,4 @@
-// Cross-stream frees (DESIGN.md §4, §13), for every routing strategy and for the driver's own
+// Cross-stream frees (design.md §4, §13), for every routing strategy and for the driver's own
 // behaviour (a free on the foreign stream, the next allocation reusing it through the pool's
 // internal dependencies):
 // - makespan: a caller stream frees buffers still used by a busy user stream and runs its own

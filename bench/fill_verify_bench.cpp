@@ -1,4 +1,4 @@
-// Fill and verify against a device-to-device copy in the same run (DESIGN.md §12): the copy
+// Fill and verify against a device-to-device copy in the same run (design.md §12): the copy
 // counts bytes read plus bytes written, fill bytes written, verify bytes read. Target (issue 3):
 // fill and verify ≥ 0.85 of the copy's rate at ≥ 256 MiB on the H200. GPU only.
 #include <cuda_runtime_api.h>

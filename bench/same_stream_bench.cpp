@@ -1,6 +1,6 @@
 // Same-stream allocate + free pairs by size (256 B … 64 MiB), arcpool with the cache on and
 // off, against raw cudaMallocAsync / cudaFreeAsync pairs and cudaMalloc / cudaFree in the same
-// binary (DESIGN.md §13). Target (issue 4): a cached pair ≥ 10× faster than a raw async pair.
+// binary (design.md §13). Target (issue 4): a cached pair ≥ 10× faster than a raw async pair.
 // The null-driver rows measure the same path with no CUDA underneath.
 #include <cuda_runtime_api.h>
 

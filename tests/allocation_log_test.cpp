@@ -1,4 +1,4 @@
-// The allocation log (DESIGN.md §11): RMM's CSV columns, one row per allocation and free, and
+// The allocation log (design.md §11): RMM's CSV columns, one row per allocation and free, and
 // one file per allocator when ARCPOOL_LOG names the path. On both drivers.
 #include <gtest/gtest.h>
 

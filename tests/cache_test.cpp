@@ -1,4 +1,4 @@
-// The fast path (DESIGN.md §7): a bounded per-stream cache of freed blocks, reused only on the
+// The fast path (design.md §7): a bounded per-stream cache of freed blocks, reused only on the
 // same stream, exact sizes, flushed on trim, pressure and retirement. On both drivers.
 #include <gtest/gtest.h>
 
@@ -167,7 +167,7 @@ TEST_P(StreamCache, DestroyingAStreamFlushesItsCache) {
   EXPECT_EQ(1u, stats().cache_flushes);
 }
 
-/// DESIGN.md §6: unregistering or destroying a capturing stream is UNSUPPORTED and changes
+/// design.md §6: unregistering or destroying a capturing stream is UNSUPPORTED and changes
 /// nothing: flushing its cache first would free into the capture.
 TEST_P(StreamCache, RetiringACapturingStreamIsUnsupportedAndKeepsItsCache) {
   arcpool_stream_t app = make_app_stream();

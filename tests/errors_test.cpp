@@ -1,4 +1,4 @@
-// DESIGN.md §10: every row of the bad-input table, on both drivers. Each misuse gets a clear
+// design.md §10: every row of the bad-input table, on both drivers. Each misuse gets a clear
 // status naming what was wrong and leaves all state intact.
 #include <gtest/gtest.h>
 
@@ -250,7 +250,7 @@ TEST_P(Errors, ACapturingStreamIsUnsupportedAndNothingChanges) {
   arcpool_allocation_release(on_capturing);
 }
 
-/// DESIGN.md §7: before out-of-memory is reported, pending reclaims are completed.
+/// design.md §7: before out-of-memory is reported, pending reclaims are completed.
 class OutOfMemory : public Errors {
  protected:
   void customize(arcpool_allocator_options_t& options) override {

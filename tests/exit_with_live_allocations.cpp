@@ -1,4 +1,4 @@
-// DESIGN.md §10: process exit with live allocations makes no CUDA call after the runtime is torn
+// design.md §10: process exit with live allocations makes no CUDA call after the runtime is torn
 // down and does not crash. Buffers held in storage constructed before the allocator are
 // destroyed after the allocator object and after the CUDA runtime's own teardown (which
 // registers at the first CUDA call, inside the allocator's construction); a thread-local

@@ -1,4 +1,4 @@
-// The host driver's own contract (DESIGN.md §8): in-order workers, events whose waits capture
+// The host driver's own contract (design.md §8): in-order workers, events whose waits capture
 // the state at the call, frees that execute in stream order, driver calls refused inside host
 // work. Host-only by nature.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// DESIGN.md §3: indeterminate lifetimes, imports (borrow and consume) with on_free, export and
+// design.md §3: indeterminate lifetimes, imports (borrow and consume) with on_free, export and
 // views, on both drivers.
 #include <gtest/gtest.h>
 

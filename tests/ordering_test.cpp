@@ -1,4 +1,4 @@
-// DESIGN.md §5–§6: transfer waits on the donors' fences; use records order frees and transfers;
+// design.md §5–§6: transfer waits on the donors' fences; use records order frees and transfers;
 // implicit frees of leaked owners are stream-ordered. Proven with gates, on both drivers.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Premature reuse, caught by contents (issue 3, DESIGN.md §12): hold the stream that still
+// Premature reuse, caught by contents (issue 3, design.md §12): hold the stream that still
 // reads an allocation, do the operation, immediately allocate the same size on other streams
 // and fill it, then release the hold: the reader must still see the original pattern. Three
 // streams, as in RMM's cross-stream reuse bug. Poison mode is on, so a free that ran early also

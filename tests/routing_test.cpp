@@ -1,4 +1,4 @@
-// DESIGN.md §4: every free is ordered after the caller's stream, the current stream and every
+// design.md §4: every free is ordered after the caller's stream, the current stream and every
 // recorded-use stream, for each routing strategy. Ordering is proven with gates: the busy
 // stream is held, the operation is done, the stream that must wait is shown not to have run,
 // the gate opens, and it runs.

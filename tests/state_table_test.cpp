@@ -1,4 +1,4 @@
-// One test per cell of DESIGN.md §3's state table, on both drivers.
+// One test per cell of design.md §3's state table, on both drivers.
 #include <gtest/gtest.h>
 
 #include "support/driver_test.hpp"

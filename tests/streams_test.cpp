@@ -1,4 +1,4 @@
-// DESIGN.md §6: stream identity, liveness (created, registered, retired), default streams,
+// design.md §6: stream identity, liveness (created, registered, retired), default streams,
 // the event pool, and several allocators in one process. On both drivers.
 #include <gtest/gtest.h>
 
@@ -264,7 +264,7 @@ TEST_P(Streams, FencesComeFromARecycledEventPool) {
   arcpool_allocation_release(a);
 }
 
-/// DESIGN.md §6: an event whose record failed (a capture began) is destroyed, never returned to
+/// design.md §6: an event whose record failed (a capture began) is destroyed, never returned to
 /// the event pool, so no later fence reuses an event the capture may hold.
 TEST_P(Streams, AnEventWhoseRecordFailedNeverReturnsToThePool) {
   detail::fence_ref first;

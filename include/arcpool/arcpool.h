@@ -133,7 +133,7 @@ typedef enum arcpool_pool_source_t {
 } arcpool_pool_source_t;
 
 /**
- * Where a deallocation that is not a plain same-stream free runs (DESIGN.md §4). Every
+ * Where a deallocation that is not a plain same-stream free runs (design.md §4). Every
  * strategy orders the free after the caller's stream, the current stream and every
  * recorded-use stream; they differ in false dependencies and in how soon memory returns.
  */
@@ -361,7 +361,7 @@ typedef enum arcpool_deallocate_flags_t {
 
 /**
  * Deallocates in stream order, ordered after all work queued so far on `stream`, on the
- * current stream and on every recorded-use stream (DESIGN.md §4). Consumes the caller's claim
+ * current stream and on every recorded-use stream (design.md §4). Consumes the caller's claim
  * when it is the only owner (or the allocation is UNOWNED); NOT_OWNER while other owners
  * remain (unless FORCE); ALREADY_DEALLOCATED the second time. The handle's reference is not
  * released: call arcpool_allocation_release. Never blocks.
@@ -432,7 +432,7 @@ typedef struct arcpool_placement_t {
 ARCPOOL_API arcpool_status_t arcpool_allocation_placement(const arcpool_allocation_t* allocation,
                                                           arcpool_placement_t* out_placement);
 
-/** Ownership state (DESIGN.md §3). */
+/** Ownership state (design.md §3). */
 typedef enum arcpool_allocation_state_t {
   ARCPOOL_ALLOCATION_LIVE = 0,        /**< owner count >= 1, not deallocated */
   ARCPOOL_ALLOCATION_UNOWNED = 1,     /**< the last owner discarded; a deallocation is due */
@@ -720,7 +720,7 @@ ARCPOOL_API arcpool_status_t arcpool_allocator_log_close(arcpool_allocator_t* al
 /** Version of arcpool_stats_t this header describes. */
 #define ARCPOOL_STATS_VERSION 1
 
-/** Statistics of one allocator (DESIGN.md §11). Field list: ARCPOOL_STATS_GAUGES and
+/** Statistics of one allocator (design.md §11). Field list: ARCPOOL_STATS_GAUGES and
  * ARCPOOL_STATS_COUNTERS, then the pool's figures. */
 typedef struct arcpool_stats_t {
   size_t struct_size; /**< set by the caller: sizeof(arcpool_stats_t) */

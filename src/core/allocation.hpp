@@ -42,7 +42,7 @@ struct use_record {
   bool at_deallocation = false;
 };
 
-/// Immutable facts and mutable ownership of one block of memory (DESIGN.md §3).
+/// Immutable facts and mutable ownership of one block of memory (design.md §3).
 class allocation final : public arcpool_allocation {
  public:
   /// What the allocator knows at creation.
@@ -73,7 +73,7 @@ class allocation final : public arcpool_allocation {
   fence_list held_fences;        ///< indeterminate lifetime: fences of the deallocation
   /// Set while `current` is a per-thread default stream: a fence taken on it when it was named
   /// (allocate, transfer), on its own thread. Another thread cannot fence that stream, so this is
-  /// what its deallocations and transfers wait on (DESIGN.md §6).
+  /// what its deallocations and transfers wait on (design.md §6).
   fence_ref current_fence;
 
   bool indeterminate() const noexcept {
@@ -85,7 +85,7 @@ class allocation final : public arcpool_allocation {
 
   /// Adds a reference (R).
   void retain() noexcept { refs.increment(); }
-  /// Drops a reference; the last one hands the record to its allocator (DESIGN.md §3, R = 0).
+  /// Drops a reference; the last one hands the record to its allocator (design.md §3, R = 0).
   void release() noexcept;
 
   /// "allocation #12 (4096 bytes at 0x7f..)", for messages.

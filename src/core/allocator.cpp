@@ -559,7 +559,7 @@ arcpool_status_t allocator::discard(allocation& a, bool* was_last) {
   return ownership_failure(a, a.owners.discard(was_last), "discard");
 }
 
-/// Usable: LIVE or UNOWNED (DESIGN.md §3: transfer, record_use, data, views).
+/// Usable: LIVE or UNOWNED (design.md §3: transfer, record_use, data, views).
 static arcpool_status_t check_usable(const allocation& a, const char* what) {
   const auto st = a.owners.load().st;
   if (st == ARCPOOL_ALLOCATION_LIVE || st == ARCPOOL_ALLOCATION_UNOWNED) {
@@ -570,7 +570,7 @@ static arcpool_status_t check_usable(const allocation& a, const char* what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Deallocation (DESIGN.md §4)
+// Deallocation (design.md §4)
 
 allocator::route allocator::choose_route(const allocation& a, const stream_ref& caller,
                                          uint32_t flags) const {
@@ -799,7 +799,7 @@ void allocator::on_last_reference(allocation* a) noexcept {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Transfer, use records, export (DESIGN.md §5)
+// Transfer, use records, export (design.md §5)
 
 arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   stream_ref target;

@@ -1,5 +1,5 @@
 // One allocator: a device's pool, its event pool, its streams and its reclaim worker, and the
-// ownership and routing model of DESIGN.md §3–§6 on top of them.
+// ownership and routing model of design.md §3–§6 on top of them.
 #pragma once
 
 #include <atomic>
@@ -48,13 +48,13 @@ class allocator {
   const allocator_config& config() const noexcept { return config_; }
   event_pool& events() noexcept { return events_; }
 
-  // --- Streams (DESIGN.md §6) ------------------------------------------------------------
+  // --- Streams (design.md §6) ------------------------------------------------------------
   arcpool_status_t create_stream(stream_handle* out);
   arcpool_status_t destroy_stream(stream_handle s);
   arcpool_status_t register_stream(stream_handle s);
   arcpool_status_t unregister_stream(stream_handle s);
 
-  // --- Allocations (DESIGN.md §3–§5) -----------------------------------------------------
+  // --- Allocations (design.md §3–§5) -----------------------------------------------------
   /// Allocates; `*out` holds one claim and one reference.
   arcpool_status_t allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
                             allocation** out);
@@ -62,7 +62,7 @@ class allocator {
   /// `on_free` before returning.
   arcpool_status_t import(void* pointer, size_t size, stream_handle s, uint32_t flags,
                           arcpool_on_free_t on_free, void* user_data, allocation** out);
-  /// The stream-ordered deallocation of DESIGN.md §4.
+  /// The stream-ordered deallocation of design.md §4.
   arcpool_status_t deallocate(allocation& a, stream_handle s, uint32_t flags);
   /// Deallocates on the allocation's current stream (what a dropped last claim does).
   arcpool_status_t deallocate_on_current(allocation& a);
@@ -72,7 +72,7 @@ class allocator {
   /// `flags`: arcpool_record_use_flags_t.
   arcpool_status_t record_use(allocation& a, stream_handle s, uint32_t flags);
   arcpool_status_t export_memory(allocation& a, void** out);
-  /// R reached 0: frees the record, and the memory where DESIGN.md §3 says so.
+  /// R reached 0: frees the record, and the memory where design.md §3 says so.
   void on_last_reference(allocation* a) noexcept;
 
   // --- By pointer (frameworks, memory resources), by_pointer.cpp ------------------------
@@ -111,7 +111,7 @@ class allocator {
   allocator(const allocator_config& config, std::unique_ptr<driver> drv);
   ~allocator();
 
-  /// Which strategy a deallocation uses (DESIGN.md §4).
+  /// Which strategy a deallocation uses (design.md §4).
   enum class route { same_stream, wait_and_free, prefer_origin, deferred };
 
   arcpool_status_t resolve_stream(stream_handle s, stream_ref* out);

@@ -1,4 +1,4 @@
-// The fast path's store (DESIGN.md §7): blocks recently freed on one stream, kept for reuse by
+// The fast path's store (design.md §7): blocks recently freed on one stream, kept for reuse by
 // later allocations on the same stream, where stream order makes reuse safe with no event.
 // Exact sizes only, so that caching never rounds an allocation up; bounded in bytes.
 #pragma once

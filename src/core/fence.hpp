@@ -16,7 +16,7 @@ namespace arcpool::detail {
 class event_pool;
 
 /// One recorded event. Reference-counted: a fence held by a use record, a pending reclaim or an
-/// indeterminate allocation is never recycled until released (DESIGN.md §6).
+/// indeterminate allocation is never recycled until released (design.md §6).
 class fence {
  public:
   void retain() noexcept { refs_.increment(); }

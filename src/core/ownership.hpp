@@ -1,4 +1,4 @@
-// The owner count and ownership state of an allocation in one atomic word (DESIGN.md §3), so
+// The owner count and ownership state of an allocation in one atomic word (design.md §3), so
 // that every transition of the state table is a single compare-and-swap.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The reclaim worker of one allocator: polls the fences of deferred frees and gives the memory
 // back once they all completed, on the origin stream when it is provably alive, else on its own
-// non-blocking reclaim stream (DESIGN.md §4, strategy 3). Never blocks a stream; never runs
+// non-blocking reclaim stream (design.md §4, strategy 3). Never blocks a stream; never runs
 // from a CUDA host callback.
 #pragma once
 

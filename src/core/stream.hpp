@@ -1,4 +1,4 @@
-// Stream identity and liveness (DESIGN.md §6).
+// Stream identity and liveness (design.md §6).
 #pragma once
 
 #include <atomic>
@@ -91,7 +91,7 @@ struct stream_ref {
   /// True if it was created or registered and has since been retired.
   bool retired() const { return entry && !entry->alive(); }
   /// False for another thread's per-thread default stream: its handle names the calling
-  /// thread's own stream here, so arcpool never enqueues on it or queries it (DESIGN.md §6).
+  /// thread's own stream here, so arcpool never enqueues on it or queries it (design.md §6).
   bool reachable() const {
     return kind != stream_kind::per_thread_default || thread == this_thread_serial();
   }

@@ -1,4 +1,4 @@
-// The deterministic mode of the host driver (DESIGN.md §8), as tests and the fuzzer drive it.
+// The deterministic mode of the host driver (design.md §8), as tests and the fuzzer drive it.
 //
 // Streams have no threads: their queued work runs only when the caller drives the scheduler
 // (run(), or any blocking call, which runs work until its condition holds), and a seeded RNG

@@ -1,5 +1,5 @@
 // The null driver: no work, fake addresses. It exists only so that benchmarks can measure
-// arcpool's own bookkeeping on the CPU, where a few nanoseconds are visible (DESIGN.md §13).
+// arcpool's own bookkeeping on the CPU, where a few nanoseconds are visible (design.md §13).
 // Streams are numbers, events are always complete, the pool bumps a counter and never reuses.
 #include <atomic>
 

@@ -1,6 +1,6 @@
 // The allocation log: one CSV row per allocate / free in RMM's columns
 // (Thread,Time,Action,Pointer,Size,Stream), so that RMM's logs and arcpool's replay in one tool
-// (tools/arcpool-replay) and RMM's replay benchmark reads arcpool's (DESIGN.md §11).
+// (tools/arcpool-replay) and RMM's replay benchmark reads arcpool's (design.md §11).
 #pragma once
 
 #include <atomic>

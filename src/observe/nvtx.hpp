@@ -1,4 +1,4 @@
-// NVTX (DESIGN.md §11): a domain "arcpool", a range per public operation with the size as the
+// NVTX (design.md §11): a domain "arcpool", a range per public operation with the size as the
 // payload and the stream in the message, one category per kind of operation, and the
 // allocations named as memory regions so that Nsight Systems / Compute show them. When no tool
 // is attached each call costs one load and one predictable branch.

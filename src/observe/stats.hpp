@@ -1,4 +1,4 @@
-// Statistics of one allocator, generated from the lists in arcpool.h (DESIGN.md §11).
+// Statistics of one allocator, generated from the lists in arcpool.h (design.md §11).
 #pragma once
 
 #include <atomic>

@@ -1,5 +1,5 @@
 // Per-thread shards: counters and gauges that threads update without contending, summed on
-// read (DESIGN.md §7: no global lock or shared counter on the hot path).
+// read (design.md §7: no global lock or shared counter on the hot path).
 #pragma once
 
 #include <atomic>

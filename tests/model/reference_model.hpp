@@ -1,4 +1,4 @@
-// A plain, obviously-correct model of DESIGN.md §3's state table: owner and reference counts,
+// A plain, obviously-correct model of design.md §3's state table: owner and reference counts,
 // states, the current stream and the use records of every allocation, and the status every
 // call must return. The harness (harness.cpp) checks arcpool against it call by call.
 #pragma once
