@@ -1,0 +1,212 @@
+// Allocation (design.md §3, §7): the fast path's cache hit, the pool with its out-of-memory
+// retry, and imports.
+#include <new>
+
+#include "core/allocator.hpp"
+#include "observe/nvtx.hpp"
+#include "support/status.hpp"
+
+namespace arcpool::detail {
+namespace {
+
+constexpr size_t kPoolAlignment = ARCPOOL_DEFAULT_ALIGNMENT;
+
+bool is_power_of_two(size_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
+
+/// Allocation serial numbers, unique per process, taken from a global counter in blocks so
+/// that threads do not contend on it.
+uint64_t next_serial() noexcept {
+  constexpr uint64_t kBlock = 1024;
+  static std::atomic<uint64_t> global{1};
+  thread_local uint64_t next = 0;
+  thread_local uint64_t end = 0;
+  if (next == end) {
+    next = global.fetch_add(kBlock, std::memory_order_relaxed);
+    end = next + kBlock;
+  }
+  return next++;
+}
+
+void* align_up(void* p, size_t alignment) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<void*>((v + alignment - 1) & ~(uintptr_t{alignment} - 1));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Allocation
+
+arcpool_status_t allocator::try_pool_allocate(size_t bytes, const stream_ref& s, void** out) {
+  if (const size_t limit = hard_limit_.load(std::memory_order_relaxed); limit != 0) {
+    if (!stats_.bytes_held.try_add(static_cast<int64_t>(bytes), static_cast<int64_t>(limit))) {
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached", limit);
+    }
+  } else {
+    stats_.bytes_held.add(bytes);
+  }
+  const arcpool_status_t status = driver_->pool_allocate(bytes, s.handle, out);
+  if (status != ARCPOOL_STATUS_SUCCESS) stats_.bytes_held.sub(bytes);
+  return status;
+}
+
+arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
+                                               void** out) {
+  arcpool_status_t status = try_pool_allocate(bytes, s, out);
+  if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
+  // Out of memory: complete pending reclaims, retry once, then ask the user's callback.
+  stats::count(stats_.oom_retries);
+  // The legacy default stream is touched only when the caller passed it (§6). The flushed
+  // frees must have run before the retry: the pool lends a block freed on another stream only
+  // once its free completed.
+  flush_caches(/*include_legacy=*/s.kind == stream_kind::legacy_default, /*synchronize=*/true);
+  reclaimer_.drain();
+  // Frees already queued on arcpool's other streams (same-stream and routed frees, caches off)
+  // hold pool memory until they run: an owned pool inserts no hidden wait to lend it. Streams
+  // arcpool does not know may be gone: their frees are not waited for.
+  synchronize_known_streams();
+  status = try_pool_allocate(bytes, s, out);
+  while (status == ARCPOOL_STATUS_OUT_OF_MEMORY && config_.on_out_of_memory != nullptr &&
+         config_.on_out_of_memory(requested, config_.on_out_of_memory_user_data) != 0) {
+    status = try_pool_allocate(bytes, s, out);
+  }
+  if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
+  stats::count(stats_.oom_failures);
+  const std::string cause = last_error();
+  const pool_figures pool = driver_->pool_query();
+  return fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
+              "cannot allocate %zu bytes on device %d (stream %p): %s; allocator: %llu bytes in "
+              "use, %llu held, %llu pending free; pool: %llu reserved, %llu used; hard limit %zu",
+              requested, driver_->device(), static_cast<void*>(s.handle), cause.c_str(),
+              static_cast<unsigned long long>(stats_.bytes_in_use.current()),
+              static_cast<unsigned long long>(stats_.bytes_held.current()),
+              static_cast<unsigned long long>(stats_.bytes_pending_free.current()),
+              static_cast<unsigned long long>(pool.reserved_current),
+              static_cast<unsigned long long>(pool.used_current),
+              hard_limit_.load(std::memory_order_relaxed));
+}
+
+arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
+                                     allocation** out) {
+  if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
+  if (!is_power_of_two(alignment) || alignment > ARCPOOL_MAX_ALIGNMENT) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "alignment %zu is not a power of two up to %zu",
+                alignment, ARCPOOL_MAX_ALIGNMENT);
+  }
+  if ((flags & ~uint32_t{ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME}) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown allocation flags 0x%x", flags);
+  }
+  allocation::params p;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &p.origin));
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(p.origin, "allocate"));
+  p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS;
+  if (flags & ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME) {
+    p.placement_flags |= ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;
+  }
+  p.size = size;
+  p.alignment = alignment;
+  // Fast path: a block of exactly this size freed earlier on this stream. Stream order makes
+  // it safe with no event: every wait it needed was enqueued before it was cached.
+  // Cost: a thread-local stream lookup, the capture check, a spinlock and a hash lookup.
+  block_cache* cache = flags == 0 && cacheable(size, alignment) ? cache_for(p.origin) : nullptr;
+  if (void* block = cache != nullptr ? cache->take(size) : nullptr; block != nullptr) {
+    stats::count(stats_.cache_hits);
+    stats_.bytes_cached.sub(static_cast<int64_t>(size));
+    driver_->note_acquire(block, size, s);
+    p.base = p.data = block;
+    p.held_bytes = size;
+  } else if (size > 0) {
+    // Alignments above the pool's are served by over-allocating and aligning up.
+    const size_t extra = alignment > kPoolAlignment ? alignment - kPoolAlignment : 0;
+    if (size > SIZE_MAX - extra) {
+      stats::count(stats_.oom_failures);
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t",
+                  size, alignment);
+    }
+    p.held_bytes = size + extra;
+    if (arcpool_status_t status = allocate_from_pool(p.held_bytes, size, p.origin, &p.base);
+        status != ARCPOOL_STATUS_SUCCESS) {
+      if (log_.enabled()) log_.write("allocate failure", nullptr, size, s);
+      return status;
+    }
+    p.data = align_up(p.base, alignment);
+  }
+  auto give_back = [&] {
+    if (p.base != nullptr) {
+      driver_->pool_free(p.base, p.held_bytes, s);
+      stats_.bytes_held.sub(p.held_bytes);
+    }
+  };
+  // Another thread may deallocate or transfer it, and cannot fence this thread's per-thread
+  // default stream: fence it now, after the allocation (§6).
+  fence_ref named;
+  if (p.origin.kind == stream_kind::per_thread_default && p.base != nullptr) {
+    if (arcpool_status_t status = take_fence(p.origin, &named); status != ARCPOOL_STATUS_SUCCESS) {
+      give_back();
+      return status;
+    }
+  }
+  p.serial = next_serial();
+  allocation* a = new (std::nothrow) allocation(*this, p);
+  if (a == nullptr) {
+    give_back();
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
+  }
+  a->current_fence = std::move(named);
+  record_created();
+  stats::count(stats_.allocations);
+  if (log_.enabled()) log_.write("allocate", p.data, size, s);
+  nvtx::name_region(p.data, size, p.serial);
+  stats_.bytes_in_use.add(size);
+  stats_.allocations_in_use.add(1);
+  *out = a;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::import(void* pointer, size_t size, stream_handle s, uint32_t flags,
+                                   arcpool_on_free_t on_free, void* user_data, allocation** out) {
+  const bool consume = flags & ARCPOOL_IMPORT_FLAG_CONSUME;
+  // A consuming import owns the foreign claim from the start: every failure frees it.
+  auto failed = [&](arcpool_status_t status) {
+    if (consume && on_free != nullptr) on_free(pointer, size, user_data);
+    return status;
+  };
+  constexpr uint32_t kImportFlags =
+      ARCPOOL_IMPORT_FLAG_CONSUME | ARCPOOL_IMPORT_FLAG_INDETERMINATE_LIFETIME;
+  if ((flags & ~kImportFlags) != 0) {
+    return failed(fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown import flags 0x%x", flags));
+  }
+  if (consume && on_free == nullptr) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "a consuming import needs on_free");
+  }
+  if (pointer == nullptr && size != 0) {
+    return failed(
+        fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "import of %zu bytes at a null pointer", size));
+  }
+  allocation::params p;
+  if (arcpool_status_t status = resolve_stream(s, &p.origin); status != ARCPOOL_STATUS_SUCCESS) {
+    return failed(status);
+  }
+  p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS | ARCPOOL_PLACEMENT_FLAG_EXTERNAL;
+  if (flags & ARCPOOL_IMPORT_FLAG_INDETERMINATE_LIFETIME) {
+    p.placement_flags |= ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;
+  }
+  p.size = size;
+  p.alignment = 1;
+  p.base = pointer;
+  p.data = pointer;
+  p.on_free = on_free;
+  p.on_free_user_data = user_data;
+  p.serial = next_serial();
+  allocation* a = new (std::nothrow) allocation(*this, p);
+  if (a == nullptr) {
+    return failed(fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record"));
+  }
+  record_created();
+  stats::count(stats_.imports);
+  *out = a;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+}  // namespace arcpool::detail

@@ -1,0 +1,349 @@
+// Deallocation (design.md §3, §4): fences, ownership transitions, the choice of route and
+// where the free runs, and the last reference.
+#include "core/allocator.hpp"
+#include "observe/nvtx.hpp"
+#include "support/status.hpp"
+
+namespace arcpool::detail {
+namespace {
+
+constexpr uint32_t kRoutingFlags = ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE |
+                                   ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN |
+                                   ARCPOOL_DEALLOCATE_FLAG_DEFERRED;
+constexpr uint32_t kDeallocateFlags = ARCPOOL_DEALLOCATE_FLAG_FORCE | kRoutingFlags;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Fences
+
+arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  if (s.entry) {
+    // A created or registered stream: enqueue only while provably alive; once retired, its
+    // final fence covers everything that was queued on it.
+    const std::optional<arcpool_status_t> recorded = s.entry->with_alive([&](stream_handle h) {
+      ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
+      return events_.record(h, s.id, out);
+    });
+    if (!recorded) {
+      *out = s.entry->final_fence();
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    status = *recorded;
+  } else {
+    // Passed in this call, or the current stream, which the caller keeps alive (§6).
+    ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
+    status = events_.record(s.handle, s.id, out);
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.fences_taken);
+  return status;
+}
+
+arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* caller,
+                                           uint64_t skip_id, fence_list* out) {
+  small_vector<uint64_t, 8> seen;
+  if (skip_id != kSkipNone) seen.push_back(skip_id);
+  auto fresh = [&seen](uint64_t id) {
+    for (uint64_t s : seen) {
+      if (s == id) return false;
+    }
+    seen.push_back(id);
+    return true;
+  };
+  auto take = [&](const stream_ref& s) -> arcpool_status_t {
+    if (!fresh(s.id)) return ARCPOOL_STATUS_SUCCESS;
+    if (!s.reachable()) {
+      // Another thread's per-thread default stream (the current stream, or an implicit free's
+      // caller, which is the current stream): its handle would name this thread's stream. The
+      // fence taken when it was named stands for it (§6).
+      if (a.current_fence && s.id == a.current.id) out->push_back(a.current_fence);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    fence_ref f;
+    ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
+    out->push_back(std::move(f));
+    return ARCPOOL_STATUS_SUCCESS;
+  };
+  if (caller != nullptr) ARCPOOL_RETURN_IF_ERROR(take(*caller));
+  ARCPOOL_RETURN_IF_ERROR(take(a.current));
+  for (const use_record& u : a.uses) {
+    if (u.at_deallocation && u.stream.reachable()) {
+      ARCPOOL_RETURN_IF_ERROR(take(u.stream));
+    } else if (fresh(u.stream.id)) {
+      out->push_back(u.fence);
+    }
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::wait_all(stream_handle s, const fence_list& fences) {
+  for (const fence_ref& f : fences) {
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_wait_event(s, f->event()));
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ownership
+
+arcpool_status_t allocator::ownership_failure(const allocation& a, ownership_result r,
+                                              const char* what) {
+  switch (r) {
+    case ownership_result::ok:
+      return ARCPOOL_STATUS_SUCCESS;
+    case ownership_result::not_owner: {
+      const ownership::snapshot s = a.owners.load();
+      return fail(ARCPOOL_STATUS_NOT_OWNER, "%s of %s: %s", what, a.describe().c_str(),
+                  s.owners == 0 ? "owner count is 0 (the last owner discarded)"
+                                : "other owners remain (use FORCE to override)");
+    }
+    case ownership_result::already_deallocated: {
+      const bool exported = a.owners.load().st == ARCPOOL_ALLOCATION_EXPORTED;
+      return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "%s of %s: it was already %s", what,
+                  a.describe().c_str(), exported ? "exported" : "deallocated");
+    }
+    case ownership_result::overflow:
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "%s of %s: owner count overflow", what,
+                  a.describe().c_str());
+  }
+  return ARCPOOL_STATUS_INVALID_ARGUMENT;
+}
+
+arcpool_status_t allocator::preserve(allocation& a) {
+  return ownership_failure(a, a.owners.preserve(), "preserve");
+}
+
+arcpool_status_t allocator::discard(allocation& a, bool* was_last) {
+  return ownership_failure(a, a.owners.discard(was_last), "discard");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deallocation (design.md §4)
+
+allocator::route allocator::choose_route(const allocation& a, const stream_ref& caller,
+                                         uint32_t flags) const {
+  if (flags & ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE) return route::wait_and_free;
+  if (flags & ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN) return route::prefer_origin;
+  if (flags & ARCPOOL_DEALLOCATE_FLAG_DEFERRED) return route::deferred;
+  if (a.uses.empty() && caller.id == a.placement.origin.id && a.current.id == caller.id) {
+    return route::same_stream;
+  }
+  switch (a.uses.empty() ? config_.foreign_stream_routing : config_.use_record_routing) {
+    case ARCPOOL_ROUTING_WAIT_AND_FREE:
+      return route::wait_and_free;
+    case ARCPOOL_ROUTING_PREFER_ORIGIN:
+      return route::prefer_origin;
+    default:
+      return route::deferred;
+  }
+}
+
+arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, stream_handle stream) {
+  if (implicit) {
+    if (!a.owners.accept_implicit_free()) {
+      return ownership_failure(a, ownership_result::already_deallocated, "implicit free");
+    }
+  } else {
+    ARCPOOL_RETURN_IF_ERROR(
+        ownership_failure(a, a.owners.accept_deallocation(force), "deallocate"));
+  }
+  stats::count(implicit ? stats_.implicit_frees : stats_.deallocations);
+  a.current_fence = fence_ref();  // the deallocation's fences were collected before the commit
+  if (log_.enabled() && !a.external()) {
+    log_.write("free", a.placement.data, a.placement.size, stream);
+  }
+  nvtx::forget_region(a.placement.data);
+  if (!a.external()) {
+    stats_.bytes_in_use.sub(a.placement.size);
+    stats_.allocations_in_use.sub(1);
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,
+                                            bool implicit, stream_handle target,
+                                            block_cache* target_cache, const fence_list& fences) {
+  // The waits first: if one fails nothing has changed (a wait is harmless if the commit then
+  // fails).
+  ARCPOOL_RETURN_IF_ERROR(wait_all(target, fences));
+  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+  a.uses.clear();
+  if (config_.before_free != nullptr) {
+    config_.before_free(a.placement.base, a.placement.held_bytes, target,
+                        config_.before_free_user_data);
+  }
+  // Every wait the block needs is enqueued on `target`: its cache may keep it (§4).
+  if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment) &&
+      target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
+    stats::count(stats_.cache_frees);
+    stats_.bytes_cached.add(static_cast<int64_t>(a.placement.held_bytes));
+    driver_->note_release(a.placement.base, a.placement.held_bytes, target);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+  // Only a broken context fails here, after the commit: the block is then lost with it.
+  const arcpool_status_t status =
+      driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
+  stats_.bytes_held.sub(a.placement.held_bytes);
+  if (status == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.frees);
+  return status;
+}
+
+arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref& caller,
+                                                uint32_t flags, bool implicit,
+                                                std::unique_lock<std::mutex>& lock) {
+  const bool force = flags & ARCPOOL_DEALLOCATE_FLAG_FORCE;
+  fence_list fences;
+
+  // Nothing to give back: zero bytes of arcpool's, or a borrowed import nobody wants to hear
+  // about. (An import with on_free hears about it even at zero bytes.)
+  if (a.external() ? a.placement.on_free == nullptr : a.placement.size == 0) {
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+    a.uses.clear();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  // Indeterminate lifetime: take the fences now, free nothing until the last reference goes.
+  if (a.indeterminate()) {
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+    stats::count(stats_.ignored_deallocations);
+    a.held_fences = std::move(fences);
+    a.uses.clear();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  // Imported memory: on_free runs on the reclaim worker once every fence completed.
+  if (a.external()) {
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+    reclaim_item item;
+    item.pointer = a.placement.base;
+    item.bytes = a.placement.size;
+    item.fences = std::move(fences);
+    item.on_free = a.placement.on_free;
+    item.on_free_user_data = a.placement.on_free_user_data;
+    a.uses.clear();
+    lock.unlock();
+    reclaimer_.enqueue(std::move(item));
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  // A retired current stream cannot be enqueued on: its final fence goes to the reclaimer.
+  // An implicit free's caller is the current stream, so it may be retired too, or be another
+  // thread's per-thread default stream (never touched from here, §6): then nothing is enqueued
+  // on it and the reclaimer frees once its fences completed. Every other route fences or frees
+  // on the caller's stream.
+  const bool caller_usable = !caller.retired() && caller.reachable();
+  if (caller_usable) ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
+  route r =
+      a.current.retired() || !caller_usable ? route::deferred : choose_route(a, caller, flags);
+  const stream_ref& origin = a.placement.origin;
+
+  if (r == route::same_stream) {
+    ARCPOOL_RETURN_IF_ERROR(
+        commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
+    stats::count(stats_.same_stream_frees);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  if (r == route::prefer_origin && origin.id != caller.id) {
+    if (origin.provably_alive()) {
+      ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, origin.id, &fences));
+      // The origin stays alive for the whole call: waits, commit and free.
+      const std::optional<arcpool_status_t> freed = origin.entry->with_alive([&](stream_handle h) {
+        ARCPOOL_RETURN_IF_ERROR(check_not_capturing(origin, "deallocate"));
+        ARCPOOL_RETURN_IF_ERROR(
+            commit_and_free(a, caller, force, implicit, h, cache_for(origin), fences));
+        stats::count(stats_.cross_stream_frees);
+        stats::count(stats_.origin_routed_frees);
+        return ARCPOOL_STATUS_SUCCESS;
+      });
+      if (freed) return *freed;
+      // Retired since the check: fence again (the origin's final fence among them, if it is
+      // the current stream) and free on the caller's stream.
+      fences.clear();
+    }
+    stats::count(stats_.origin_fallbacks);
+    r = route::wait_and_free;
+  }
+
+  if (r == route::wait_and_free || r == route::prefer_origin) {
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, caller.id, &fences));
+    ARCPOOL_RETURN_IF_ERROR(
+        commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
+    stats::count(stats_.cross_stream_frees);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  // Deferred: fence everything, let the reclaim worker free on the origin once all completed.
+  ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
+  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+  stats::count(stats_.cross_stream_frees);
+  reclaim_item item;
+  item.pointer = a.placement.base;
+  item.bytes = a.placement.held_bytes;
+  item.fences = std::move(fences);
+  item.origin = origin;
+  item.routed_to_origin = true;
+  a.uses.clear();
+  lock.unlock();
+  reclaimer_.enqueue(std::move(item));
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t flags) {
+  if ((flags & ~kDeallocateFlags) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown deallocation flags 0x%x", flags);
+  }
+  const uint32_t routing = flags & kRoutingFlags;
+  if ((routing & (routing - 1)) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "deallocation flags 0x%x name more than one routing strategy", flags);
+  }
+  stream_ref caller;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &caller));
+  std::unique_lock<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(
+      a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
+  return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
+}
+
+arcpool_status_t allocator::deallocate_on_current(allocation& a) {
+  std::unique_lock<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "deallocate"));
+  const stream_ref caller = a.current;
+  return finish_deallocation(a, caller, 0, /*implicit=*/false, lock);
+}
+
+void allocator::on_last_reference(allocation* a) noexcept {
+  {
+    std::unique_lock<std::mutex> lock(a->mutex);
+    const auto st = a->owners.load().st;
+    if (st == ARCPOOL_ALLOCATION_LIVE || st == ARCPOOL_ALLOCATION_UNOWNED) {
+      // A leaked owner: free stream-ordered on the current stream (alive by contract, or
+      // retired, in which case its final fence goes to the reclaimer).
+      const stream_ref caller = a->current;
+      if (finish_deallocation(*a, caller, 0, /*implicit=*/true, lock) != ARCPOOL_STATUS_SUCCESS) {
+        stats::count(stats_.reclaim_failures);  // e.g. capturing, or a sticky CUDA error
+      }
+      if (!lock.owns_lock()) lock.lock();
+    }
+    // Indeterminate lifetime: the memory goes back now, once its fences complete.
+    if (a->indeterminate() && a->owners.load().st == ARCPOOL_ALLOCATION_DEALLOCATED &&
+        (a->external() ? a->placement.on_free != nullptr : a->placement.size > 0)) {
+      reclaim_item item;
+      item.pointer = a->placement.base;
+      item.bytes = a->external() ? a->placement.size : a->placement.held_bytes;
+      item.fences = std::move(a->held_fences);
+      item.origin = a->placement.origin;
+      item.on_free = a->placement.on_free;
+      item.on_free_user_data = a->placement.on_free_user_data;
+      lock.unlock();
+      reclaimer_.enqueue(std::move(item));
+    }
+  }
+  delete a;
+  record_destroyed();
+}
+}  // namespace arcpool::detail

@@ -1,0 +1,122 @@
+// Transfer, use records and export (design.md §5).
+#include <algorithm>
+
+#include "core/allocator.hpp"
+#include "observe/nvtx.hpp"
+#include "support/status.hpp"
+
+namespace arcpool::detail {
+namespace {
+
+constexpr size_t kPoolAlignment = ARCPOOL_DEFAULT_ALIGNMENT;
+
+/// Usable: LIVE or UNOWNED (design.md §3: transfer, record_use, data, views).
+arcpool_status_t check_usable(const allocation& a, const char* what) {
+  const auto st = a.owners.load().st;
+  if (st == ARCPOOL_ALLOCATION_LIVE || st == ARCPOOL_ALLOCATION_UNOWNED) {
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+  return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "%s of %s: it was already %s", what,
+              a.describe().c_str(), st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Transfer, use records, export (design.md §5)
+
+arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
+  stream_ref target;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(to, &target));
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(target, "transfer"));
+  std::lock_guard<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(check_usable(a, "transfer"));
+  // Wait on the donors' fences, then the receiver owns the memory.
+  fence_list fences;
+  ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, target.id, &fences));
+  ARCPOOL_RETURN_IF_ERROR(wait_all(target.handle, fences));
+  // A per-thread default receiver: fence it after the waits, for other threads (§6).
+  fence_ref named;
+  if (target.kind == stream_kind::per_thread_default) {
+    ARCPOOL_RETURN_IF_ERROR(take_fence(target, &named));
+  }
+  a.uses.clear();
+  a.current = std::move(target);
+  a.current_fence = std::move(named);
+  stats::count(stats_.transfers);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t flags) {
+  if ((flags & ~uint32_t{ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION}) != 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown record_use flags 0x%x", flags);
+  }
+  stream_ref user;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &user));
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(user, "record_use"));
+  std::lock_guard<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(check_usable(a, "record_use"));
+  if (user.id == a.current.id) return ARCPOOL_STATUS_SUCCESS;  // its order already covers it
+  use_record record;
+  // An unregistered stream may be gone by deallocation time: fence it now (§6), unless the
+  // caller guarantees it outlives the deallocation. Another thread cannot fence a per-thread
+  // default stream: fence it now for them in any case.
+  record.at_deallocation =
+      user.provably_alive() || (flags & ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION) != 0;
+  if (!user.provably_alive() &&
+      (!record.at_deallocation || user.kind == stream_kind::per_thread_default)) {
+    ARCPOOL_RETURN_IF_ERROR(take_fence(user, &record.fence));
+  }
+  record.stream = std::move(user);
+  auto same = std::find_if(a.uses.begin(), a.uses.end(),
+                           [&](const use_record& u) { return u.stream.id == record.stream.id; });
+  if (same != a.uses.end()) {
+    *same = std::move(record);
+  } else {
+    a.uses.push_back(std::move(record));
+  }
+  stats::count(stats_.use_records);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::export_memory(allocation& a, void** out) {
+  std::lock_guard<std::mutex> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "export"));
+  if (a.placement.alignment > kPoolAlignment) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "export of %s: its alignment %zu exceeds the pool's, so its data pointer is not "
+                "the pool's pointer",
+                a.describe().c_str(), a.placement.alignment);
+  }
+  if (a.current.retired()) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "export of %s: its current stream was destroyed or unregistered; transfer it to "
+                "a live stream first",
+                a.describe().c_str());
+  }
+  if (!a.current.reachable()) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "export of %s: its current stream is another thread's per-thread default stream, "
+                "which this thread cannot name; export it on that thread or transfer it first",
+                a.describe().c_str());
+  }
+  fence_list fences;
+  if (a.placement.size > 0) {
+    ARCPOOL_RETURN_IF_ERROR(check_not_capturing(a.current, "export"));
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, a.current.id, &fences));
+  }
+  // The waits first: if one fails nothing has changed.
+  ARCPOOL_RETURN_IF_ERROR(wait_all(a.current.handle, fences));
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.accept_export(), "export"));
+  a.uses.clear();
+  stats::count(stats_.exports);
+  nvtx::forget_region(a.placement.data);
+  if (!a.external()) {
+    stats_.bytes_in_use.sub(a.placement.size);
+    stats_.allocations_in_use.sub(1);
+    stats_.bytes_held.sub(a.placement.held_bytes);
+  }
+  *out = a.placement.base;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+}  // namespace arcpool::detail
