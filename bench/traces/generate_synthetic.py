@@ -2,7 +2,8 @@
 """Writes arcpool's synthetic multi-stream allocation traces in RMM's CSV columns
 (Thread,Time,Action,Pointer,Size,Stream; stream as a hex handle, 0 the legacy default stream).
 
-The real traces in shared/traces are single-stream PyTorch runs. These add what they lack:
+The real traces (kept outside the repository and replayed from ARCPOOL_TRACE_DIR) are
+single-stream PyTorch runs. These add what they lack:
   training_comm.csv     a training step whose gradient buckets are handed to a communication
                         stream and freed there (cross-stream frees every step)
   inference_server.csv  an inference server: requests of variable batch size on four streams,
