@@ -275,7 +275,7 @@ arcpool_status_t arcpool_allocation_info(const arcpool_allocation_t* allocation,
   full.references = a.refs.load();
   full.id = a.placement.serial;
   {
-    std::lock_guard<std::mutex> lock(a.mutex);
+    std::lock_guard<arcpool::detail::spinlock> lock(a.mutex);
     full.current_stream = a.current.handle;
     full.current_stream_id = a.current.id;
     full.use_records = static_cast<uint32_t>(a.uses.size());

@@ -41,14 +41,15 @@ void* align_up(void* p, size_t alignment) {
 
 arcpool_status_t allocator::try_pool_allocate(size_t bytes, const stream_ref& s, void** out) {
   if (const size_t limit = hard_limit_.load(std::memory_order_relaxed); limit != 0) {
-    if (!stats_.bytes_held.try_add(static_cast<int64_t>(bytes), static_cast<int64_t>(limit))) {
+    if (!stats_.try_add(stat::bytes_held, static_cast<int64_t>(bytes),
+                        static_cast<int64_t>(limit))) {
       return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached", limit);
     }
   } else {
-    stats_.bytes_held.add(bytes);
+    stats_.add(stat::bytes_held, bytes);
   }
   const arcpool_status_t status = driver_->pool_allocate(bytes, s.handle, out);
-  if (status != ARCPOOL_STATUS_SUCCESS) stats_.bytes_held.sub(bytes);
+  if (status != ARCPOOL_STATUS_SUCCESS) stats_.sub(stat::bytes_held, bytes);
   return status;
 }
 
@@ -57,7 +58,7 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, c
   arcpool_status_t status = try_pool_allocate(bytes, s, out);
   if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
   // Out of memory: complete pending reclaims, retry once, then ask the user's callback.
-  stats::count(stats_.oom_retries);
+  stats_.count(stat::oom_retries);
   // The legacy default stream is touched only when the caller passed it (§6). The flushed
   // frees must have run before the retry: the pool lends a block freed on another stream only
   // once its free completed.
@@ -73,23 +74,48 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, c
     status = try_pool_allocate(bytes, s, out);
   }
   if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
-  stats::count(stats_.oom_failures);
+  stats_.count(stat::oom_failures);
   const std::string cause = last_error();
   const pool_figures pool = driver_->pool_query();
   return fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
               "cannot allocate %zu bytes on device %d (stream %p): %s; allocator: %llu bytes in "
               "use, %llu held, %llu pending free; pool: %llu reserved, %llu used; hard limit %zu",
               requested, driver_->device(), static_cast<void*>(s.handle), cause.c_str(),
-              static_cast<unsigned long long>(stats_.bytes_in_use.current()),
-              static_cast<unsigned long long>(stats_.bytes_held.current()),
-              static_cast<unsigned long long>(stats_.bytes_pending_free.current()),
+              static_cast<unsigned long long>(stats_.current(stat::bytes_in_use)),
+              static_cast<unsigned long long>(stats_.current(stat::bytes_held)),
+              static_cast<unsigned long long>(stats_.current(stat::bytes_pending_free)),
               static_cast<unsigned long long>(pool.reserved_current),
               static_cast<unsigned long long>(pool.used_current),
               hard_limit_.load(std::memory_order_relaxed));
 }
 
+arcpool_status_t allocator::take_from_pool(allocation::params& p, stream_handle s) {
+  if (p.size == 0) return ARCPOOL_STATUS_SUCCESS;
+  // Alignments above the pool's are served by over-allocating and aligning up.
+  const size_t extra = p.alignment > kPoolAlignment ? p.alignment - kPoolAlignment : 0;
+  if (p.size > SIZE_MAX - extra) {
+    stats_.count(stat::oom_failures);
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t",
+                p.size, p.alignment);
+  }
+  p.held_bytes = p.size + extra;
+  if (arcpool_status_t status = allocate_from_pool(p.held_bytes, p.size, p.origin, &p.base);
+      status != ARCPOOL_STATUS_SUCCESS) {
+    if (log_.enabled()) log_.write("allocate failure", nullptr, p.size, s);
+    return status;
+  }
+  p.data = align_up(p.base, p.alignment);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
                                      allocation** out) {
+  // The fast path is the cache hit below: a block of exactly this size freed earlier on this
+  // stream. Stream order makes it safe with no event: every wait it needed was enqueued before
+  // it was cached. It takes no lock but the stream cache's spinlock, allocates nothing from the
+  // heap (the record comes from the thread's free list) and makes one runtime call, the capture
+  // check. Its budget is tools/instruction-budget's "pair" row, with the same-stream free and
+  // the release.
   if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
   if (!is_power_of_two(alignment) || alignment > ARCPOOL_MAX_ALIGNMENT) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "alignment %zu is not a power of two up to %zu",
@@ -107,62 +133,52 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   }
   p.size = size;
   p.alignment = alignment;
-  // Fast path: a block of exactly this size freed earlier on this stream. Stream order makes
-  // it safe with no event: every wait it needed was enqueued before it was cached.
-  // Cost: a thread-local stream lookup, the capture check, a spinlock and a hash lookup.
   block_cache* cache = flags == 0 && cacheable(size, alignment) ? cache_for(p.origin) : nullptr;
-  if (void* block = cache != nullptr ? cache->take(size) : nullptr; block != nullptr) {
-    stats::count(stats_.cache_hits);
-    stats_.bytes_cached.sub(static_cast<int64_t>(size));
+  void* block = cache != nullptr ? cache->take(size) : nullptr;
+  if (block != nullptr) {
     driver_->note_acquire(block, size, s);
     p.base = p.data = block;
     p.held_bytes = size;
-  } else if (size > 0) {
-    // Alignments above the pool's are served by over-allocating and aligning up.
-    const size_t extra = alignment > kPoolAlignment ? alignment - kPoolAlignment : 0;
-    if (size > SIZE_MAX - extra) {
-      stats::count(stats_.oom_failures);
-      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t",
-                  size, alignment);
-    }
-    p.held_bytes = size + extra;
-    if (arcpool_status_t status = allocate_from_pool(p.held_bytes, size, p.origin, &p.base);
-        status != ARCPOOL_STATUS_SUCCESS) {
-      if (log_.enabled()) log_.write("allocate failure", nullptr, size, s);
-      return status;
-    }
-    p.data = align_up(p.base, alignment);
+  } else {
+    ARCPOOL_RETURN_IF_ERROR(take_from_pool(p, s));
   }
-  auto give_back = [&] {
-    if (p.base != nullptr) {
-      driver_->pool_free(p.base, p.held_bytes, s);
-      stats_.bytes_held.sub(p.held_bytes);
-    }
-  };
   // Another thread may deallocate or transfer it, and cannot fence this thread's per-thread
   // default stream: fence it now, after the allocation (§6).
   fence_ref named;
   if (p.origin.kind == stream_kind::per_thread_default && p.base != nullptr) {
     if (arcpool_status_t status = take_fence(p.origin, &named); status != ARCPOOL_STATUS_SUCCESS) {
-      give_back();
+      give_back(p, s, block != nullptr);
       return status;
     }
   }
   p.serial = next_serial();
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
-    give_back();
+    give_back(p, s, block != nullptr);
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
   }
   a->current_fence = std::move(named);
   record_created();
-  stats::count(stats_.allocations);
+  stats::local st = stats_.here();
+  if (block != nullptr) {
+    st.count(stat::cache_hits);
+    st.sub(stat::bytes_cached, static_cast<int64_t>(size));
+  }
+  st.count(stat::allocations);
+  st.add(stat::bytes_in_use, static_cast<int64_t>(size));
+  st.add(stat::allocations_in_use, 1);
   if (log_.enabled()) log_.write("allocate", p.data, size, s);
   nvtx::name_region(p.data, size, p.serial);
-  stats_.bytes_in_use.add(size);
-  stats_.allocations_in_use.add(1);
   *out = a;
   return ARCPOOL_STATUS_SUCCESS;
+}
+
+void allocator::give_back(const allocation::params& p, stream_handle s, bool from_cache) {
+  if (p.base == nullptr) return;
+  // A cached block is counted as cached until the allocation succeeds; it goes to the pool.
+  if (from_cache) stats_.sub(stat::bytes_cached, static_cast<int64_t>(p.held_bytes));
+  driver_->pool_free(p.base, p.held_bytes, s);
+  stats_.sub(stat::bytes_held, static_cast<int64_t>(p.held_bytes));
 }
 
 arcpool_status_t allocator::import(void* pointer, size_t size, stream_handle s, uint32_t flags,
@@ -205,7 +221,7 @@ arcpool_status_t allocator::import(void* pointer, size_t size, stream_handle s, 
     return failed(fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record"));
   }
   record_created();
-  stats::count(stats_.imports);
+  stats_.count(stat::imports);
   *out = a;
   return ARCPOOL_STATUS_SUCCESS;
 }

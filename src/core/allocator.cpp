@@ -36,7 +36,7 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
       reclaimer_(*driver_, stats_, config.before_free, config.before_free_user_data) {
   // A hard limit is enforced on the exact total of held bytes.
   hard_limit_.store(config_.hard_limit_bytes, std::memory_order_relaxed);
-  if (config_.hard_limit_bytes != 0) stats_.bytes_held.set_flush_threshold(0);
+  if (config_.hard_limit_bytes != 0) stats_.set_flush_threshold(stat::bytes_held, 0);
 }
 
 allocator::~allocator() {
@@ -75,22 +75,6 @@ void allocator::record_destroyed() noexcept {
 
 namespace {
 
-/// The calling thread's last stream lookups. A line is valid while its registry's version is
-/// unchanged. Handles are cached only for streams that cannot be recycled meanwhile: created and
-/// registered ones (alive until their removal, which changes the version) and the default
-/// streams; unregistered application streams are looked up by identity each time.
-struct stream_cache_line {
-  uint64_t registry;  ///< stream_registry::uid()
-  uint64_t version;
-  stream_handle handle;
-  uint64_t id;
-  stream_entry* entry;
-  stream_kind kind;
-};
-constexpr size_t kStreamCacheLines = 8;
-thread_local stream_cache_line t_stream_cache[kStreamCacheLines] = {};
-thread_local size_t t_stream_cache_next = 0;
-
 stream_kind kind_of(stream_handle s) {
   if (s == legacy_default_stream() || s == legacy_stream_alias()) {
     return stream_kind::legacy_default;
@@ -101,15 +85,8 @@ stream_kind kind_of(stream_handle s) {
 
 }  // namespace
 
-arcpool_status_t allocator::resolve_stream(stream_handle s, stream_ref* out) {
+arcpool_status_t allocator::resolve_stream_slow(stream_handle s, stream_ref* out) {
   const uint64_t version = streams_.version();
-  for (const stream_cache_line& line : t_stream_cache) {
-    if (line.handle == s && line.registry == streams_.uid() && line.version == version) {
-      *out = stream_ref{s, line.id, line.kind, line.entry};
-      if (line.kind == stream_kind::per_thread_default) out->thread = this_thread_serial();
-      return ARCPOOL_STATUS_SUCCESS;
-    }
-  }
   out->handle = s;
   out->kind = kind_of(s);
   out->thread = out->kind == stream_kind::per_thread_default ? this_thread_serial() : 0;
@@ -125,22 +102,17 @@ arcpool_status_t allocator::resolve_stream(stream_handle s, stream_ref* out) {
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_id(s, &out->id));
   out->entry = out->kind == stream_kind::application ? streams_.find(out->id) : nullptr;
   if (out->entry != nullptr || out->kind != stream_kind::application) {
-    t_stream_cache[t_stream_cache_next++ % kStreamCacheLines] =
+    stream_cache_line_of(s) =
         stream_cache_line{streams_.uid(), version, s, out->id, out->entry, out->kind};
   }
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t allocator::check_not_capturing(const stream_ref& s, const char* what) {
-  bool capturing = false;
-  ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &capturing));
-  if (capturing) {
-    return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                "%s: stream %p (id %llu) is capturing a CUDA graph; arcpool does not support "
-                "graph capture yet",
-                what, static_cast<void*>(s.handle), static_cast<unsigned long long>(s.id));
-  }
-  return ARCPOOL_STATUS_SUCCESS;
+arcpool_status_t allocator::capturing_failure(const stream_ref& s, const char* what) {
+  return fail(ARCPOOL_STATUS_UNSUPPORTED,
+              "%s: stream %p (id %llu) is capturing a CUDA graph; arcpool does not support "
+              "graph capture yet",
+              what, static_cast<void*>(s.handle), static_cast<unsigned long long>(s.id));
 }
 
 arcpool_status_t allocator::create_stream(stream_handle* out) {
@@ -216,12 +188,12 @@ size_t allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
   const size_t bytes = cache.drain(
       [&](void* p, size_t n) {
         ++blocks;
-        if (driver_->pool_free(p, n, s) == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.frees);
+        if (driver_->pool_free(p, n, s) == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::frees);
       },
       close);
-  stats::count(stats_.cache_flushes, blocks);
-  stats_.bytes_cached.sub(static_cast<int64_t>(bytes));
-  stats_.bytes_held.sub(static_cast<int64_t>(bytes));
+  stats_.count(stat::cache_flushes, blocks);
+  stats_.sub(stat::bytes_cached, static_cast<int64_t>(bytes));
+  stats_.sub(stat::bytes_held, static_cast<int64_t>(bytes));
   return static_cast<size_t>(blocks);
 }
 

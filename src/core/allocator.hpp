@@ -17,6 +17,7 @@
 #include "observe/stats.hpp"
 #include "support/refcount.hpp"
 #include "support/shards.hpp"
+#include "support/status.hpp"
 
 namespace arcpool::detail {
 
@@ -114,8 +115,26 @@ class allocator {
   /// Which strategy a deallocation uses (design.md §4).
   enum class route { same_stream, wait_and_free, prefer_origin, deferred };
 
-  arcpool_status_t resolve_stream(stream_handle s, stream_ref* out);
-  arcpool_status_t check_not_capturing(const stream_ref& s, const char* what);
+  /// What arcpool knows of `s`; refuses a capturing stream. A stream this thread resolved
+  /// before costs one line of its stream cache; others take the slow path (the capture check,
+  /// the stream's id and the registry).
+  arcpool_status_t resolve_stream(stream_handle s, stream_ref* out) {
+    const stream_cache_line& line = stream_cache_line_of(s);
+    if (line.handle == s && line.version == streams_.version() && line.registry == streams_.uid()) {
+      *out = stream_ref{s, line.id, line.kind, line.entry};
+      if (line.kind == stream_kind::per_thread_default) out->thread = this_thread_serial();
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    return resolve_stream_slow(s, out);
+  }
+  arcpool_status_t resolve_stream_slow(stream_handle s, stream_ref* out);
+  /// UNSUPPORTED (naming `what`) when `s` is capturing: one runtime call on the CUDA driver.
+  arcpool_status_t check_not_capturing(const stream_ref& s, const char* what) {
+    bool capturing = false;
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &capturing));
+    return capturing ? capturing_failure(s, what) : ARCPOOL_STATUS_SUCCESS;
+  }
+  arcpool_status_t capturing_failure(const stream_ref& s, const char* what);
   /// Takes a fence on `s` (its final fence if it was retired).
   arcpool_status_t take_fence(const stream_ref& s, fence_ref* out);
   /// `skip_id` of collect_fences that skips no stream.
@@ -131,7 +150,7 @@ class allocator {
   /// Commits and enqueues a deallocation whose ownership check passed. `a.mutex` is held by
   /// `lock` and may be released before the reclaimer is fed.
   arcpool_status_t finish_deallocation(allocation& a, const stream_ref& caller, uint32_t flags,
-                                       bool implicit, std::unique_lock<std::mutex>& lock);
+                                       bool implicit, std::unique_lock<spinlock>& lock);
   /// Makes `target` wait on `fences`, commits the deallocation (a failure so far changes
   /// nothing), clears the use records and frees on `target` (into `target_cache` when it keeps
   /// the block); counts the free.
@@ -162,8 +181,18 @@ class allocator {
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
   arcpool_status_t try_pool_allocate(size_t bytes, const stream_ref& s, void** out);
-  /// The status (with message) of an ownership transition that did not happen.
-  arcpool_status_t ownership_failure(const allocation& a, ownership_result r, const char* what);
+  /// The fast path's miss: a block for `p` (size and alignment set) from the pool.
+  arcpool_status_t take_from_pool(allocation::params& p, stream_handle s);
+  /// Gives the block of a failed allocation back to the pool on `s`.
+  void give_back(const allocation::params& p, stream_handle s, bool from_cache);
+  /// The status (with message) of an ownership transition that did not happen; SUCCESS for
+  /// one that did (inline: the fast path's transitions succeed).
+  arcpool_status_t ownership_failure(const allocation& a, ownership_result r, const char* what) {
+    return r == ownership_result::ok ? ARCPOOL_STATUS_SUCCESS
+                                     : describe_ownership_failure(a, r, what);
+  }
+  arcpool_status_t describe_ownership_failure(const allocation& a, ownership_result r,
+                                              const char* what);
 
   /// The stream a stream-less call uses, and whether it must synchronize (under ambient_mutex_).
   arcpool_status_t ambient_stream(stream_handle* out, bool* synchronize);

@@ -36,7 +36,7 @@ arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
     ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
     status = events_.record(s.handle, s.id, out);
   }
-  if (status == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.fences_taken);
+  if (status == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::fences_taken);
   return status;
 }
 
@@ -87,8 +87,8 @@ arcpool_status_t allocator::wait_all(stream_handle s, const fence_list& fences) 
 // ---------------------------------------------------------------------------------------------
 // Ownership
 
-arcpool_status_t allocator::ownership_failure(const allocation& a, ownership_result r,
-                                              const char* what) {
+arcpool_status_t allocator::describe_ownership_failure(const allocation& a, ownership_result r,
+                                                       const char* what) {
   switch (r) {
     case ownership_result::ok:
       return ARCPOOL_STATUS_SUCCESS;
@@ -148,15 +148,16 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
     ARCPOOL_RETURN_IF_ERROR(
         ownership_failure(a, a.owners.accept_deallocation(force), "deallocate"));
   }
-  stats::count(implicit ? stats_.implicit_frees : stats_.deallocations);
-  a.current_fence = fence_ref();  // the deallocation's fences were collected before the commit
+  stats::local st = stats_.here();
+  st.count(implicit ? stat::implicit_frees : stat::deallocations);
+  if (a.current_fence) a.current_fence = fence_ref();  // its fences were collected already
   if (log_.enabled() && !a.external()) {
     log_.write("free", a.placement.data, a.placement.size, stream);
   }
   nvtx::forget_region(a.placement.data);
   if (!a.external()) {
-    stats_.bytes_in_use.sub(a.placement.size);
-    stats_.allocations_in_use.sub(1);
+    st.sub(stat::bytes_in_use, static_cast<int64_t>(a.placement.size));
+    st.sub(stat::allocations_in_use, 1);
   }
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -166,9 +167,9 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
                                             block_cache* target_cache, const fence_list& fences) {
   // The waits first: if one fails nothing has changed (a wait is harmless if the commit then
   // fails).
-  ARCPOOL_RETURN_IF_ERROR(wait_all(target, fences));
+  if (!fences.empty()) ARCPOOL_RETURN_IF_ERROR(wait_all(target, fences));
   ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
-  a.uses.clear();
+  if (!a.uses.empty()) a.uses.clear();
   if (config_.before_free != nullptr) {
     config_.before_free(a.placement.base, a.placement.held_bytes, target,
                         config_.before_free_user_data);
@@ -176,22 +177,23 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   // Every wait the block needs is enqueued on `target`: its cache may keep it (§4).
   if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment) &&
       target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
-    stats::count(stats_.cache_frees);
-    stats_.bytes_cached.add(static_cast<int64_t>(a.placement.held_bytes));
+    stats::local st = stats_.here();
+    st.count(stat::cache_frees);
+    st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
     driver_->note_release(a.placement.base, a.placement.held_bytes, target);
     return ARCPOOL_STATUS_SUCCESS;
   }
   // Only a broken context fails here, after the commit: the block is then lost with it.
   const arcpool_status_t status =
       driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
-  stats_.bytes_held.sub(a.placement.held_bytes);
-  if (status == ARCPOOL_STATUS_SUCCESS) stats::count(stats_.frees);
+  stats_.sub(stat::bytes_held, a.placement.held_bytes);
+  if (status == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::frees);
   return status;
 }
 
 arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref& caller,
                                                 uint32_t flags, bool implicit,
-                                                std::unique_lock<std::mutex>& lock) {
+                                                std::unique_lock<spinlock>& lock) {
   const bool force = flags & ARCPOOL_DEALLOCATE_FLAG_FORCE;
   fence_list fences;
 
@@ -207,7 +209,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   if (a.indeterminate()) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
-    stats::count(stats_.ignored_deallocations);
+    stats_.count(stat::ignored_deallocations);
     a.held_fences = std::move(fences);
     a.uses.clear();
     return ARCPOOL_STATUS_SUCCESS;
@@ -243,7 +245,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   if (r == route::same_stream) {
     ARCPOOL_RETURN_IF_ERROR(
         commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
-    stats::count(stats_.same_stream_frees);
+    stats_.count(stat::same_stream_frees);
     return ARCPOOL_STATUS_SUCCESS;
   }
 
@@ -255,8 +257,8 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
         ARCPOOL_RETURN_IF_ERROR(check_not_capturing(origin, "deallocate"));
         ARCPOOL_RETURN_IF_ERROR(
             commit_and_free(a, caller, force, implicit, h, cache_for(origin), fences));
-        stats::count(stats_.cross_stream_frees);
-        stats::count(stats_.origin_routed_frees);
+        stats_.count(stat::cross_stream_frees);
+        stats_.count(stat::origin_routed_frees);
         return ARCPOOL_STATUS_SUCCESS;
       });
       if (freed) return *freed;
@@ -264,7 +266,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
       // the current stream) and free on the caller's stream.
       fences.clear();
     }
-    stats::count(stats_.origin_fallbacks);
+    stats_.count(stat::origin_fallbacks);
     r = route::wait_and_free;
   }
 
@@ -272,14 +274,14 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, caller.id, &fences));
     ARCPOOL_RETURN_IF_ERROR(
         commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
-    stats::count(stats_.cross_stream_frees);
+    stats_.count(stat::cross_stream_frees);
     return ARCPOOL_STATUS_SUCCESS;
   }
 
   // Deferred: fence everything, let the reclaim worker free on the origin once all completed.
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
   ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
-  stats::count(stats_.cross_stream_frees);
+  stats_.count(stat::cross_stream_frees);
   reclaim_item item;
   item.pointer = a.placement.base;
   item.bytes = a.placement.held_bytes;
@@ -303,14 +305,14 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
   }
   stream_ref caller;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &caller));
-  std::unique_lock<std::mutex> lock(a.mutex);
+  std::unique_lock<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(
       a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
   return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
 }
 
 arcpool_status_t allocator::deallocate_on_current(allocation& a) {
-  std::unique_lock<std::mutex> lock(a.mutex);
+  std::unique_lock<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "deallocate"));
   const stream_ref caller = a.current;
   return finish_deallocation(a, caller, 0, /*implicit=*/false, lock);
@@ -318,14 +320,14 @@ arcpool_status_t allocator::deallocate_on_current(allocation& a) {
 
 void allocator::on_last_reference(allocation* a) noexcept {
   {
-    std::unique_lock<std::mutex> lock(a->mutex);
+    std::unique_lock<spinlock> lock(a->mutex);
     const auto st = a->owners.load().st;
     if (st == ARCPOOL_ALLOCATION_LIVE || st == ARCPOOL_ALLOCATION_UNOWNED) {
       // A leaked owner: free stream-ordered on the current stream (alive by contract, or
       // retired, in which case its final fence goes to the reclaimer).
       const stream_ref caller = a->current;
       if (finish_deallocation(*a, caller, 0, /*implicit=*/true, lock) != ARCPOOL_STATUS_SUCCESS) {
-        stats::count(stats_.reclaim_failures);  // e.g. capturing, or a sticky CUDA error
+        stats_.count(stat::reclaim_failures);  // e.g. capturing, or a sticky CUDA error
       }
       if (!lock.owns_lock()) lock.lock();
     }

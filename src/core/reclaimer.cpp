@@ -52,8 +52,8 @@ void reclaimer::stop_worker(bool drain_first) {
 }
 
 void reclaimer::enqueue(reclaim_item item) {
-  if (item.on_free == nullptr) stats_.bytes_pending_free.add(item.bytes);
-  stats::count(stats_.deferred_frees);
+  if (item.on_free == nullptr) stats_.add(stat::bytes_pending_free, item.bytes);
+  stats_.count(stat::deferred_frees);
   std::lock_guard<std::mutex> lock(mutex_);
   items_.push_back(std::move(item));
   queued_.store(items_.size(), std::memory_order_relaxed);
@@ -99,7 +99,7 @@ bool reclaimer::poll(reclaim_item& item, bool* failed) {
 void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
   item.fences.clear();
   if (item.on_free != nullptr) {
-    if (failed) stats::count(stats_.reclaim_failures);
+    if (failed) stats_.count(stat::reclaim_failures);
     // Exactly once, outside every lock; a throwing callback must not take the worker down.
     try {
       item.on_free(item.pointer, item.bytes, item.on_free_user_data);
@@ -107,10 +107,10 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
     }
     return;
   }
-  stats_.bytes_pending_free.sub(item.bytes);
+  stats_.sub(stat::bytes_pending_free, item.bytes);
   if (failed || process_exiting()) {
-    if (failed) stats::count(stats_.reclaim_failures);
-    stats_.bytes_held.sub(item.bytes);
+    if (failed) stats_.count(stat::reclaim_failures);
+    stats_.sub(stat::bytes_held, item.bytes);
     return;
   }
   arcpool_status_t status = ARCPOOL_STATUS_UNSUPPORTED;
@@ -127,20 +127,20 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
                  .value_or(ARCPOOL_STATUS_UNSUPPORTED);
   }
   if (status == ARCPOOL_STATUS_SUCCESS) {
-    if (item.routed_to_origin) stats::count(stats_.origin_routed_frees);
+    if (item.routed_to_origin) stats_.count(stat::origin_routed_frees);
   } else {
     // Counted only when the origin was tried: a drain frees on the reclaim stream on purpose.
-    if (prefer_origin && item.routed_to_origin) stats::count(stats_.origin_fallbacks);
+    if (prefer_origin && item.routed_to_origin) stats_.count(stat::origin_fallbacks);
     stream_handle s = nullptr;
     status = reclaim_stream(&s);
     if (status == ARCPOOL_STATUS_SUCCESS) status = free_on(item, s);
   }
   if (status == ARCPOOL_STATUS_SUCCESS) {
-    stats::count(stats_.frees);
+    stats_.count(stat::frees);
   } else {
-    stats::count(stats_.reclaim_failures);
+    stats_.count(stat::reclaim_failures);
   }
-  stats_.bytes_held.sub(item.bytes);
+  stats_.sub(stat::bytes_held, item.bytes);
 }
 
 std::vector<std::pair<reclaim_item, bool>> reclaimer::take_completed_locked() {

@@ -97,6 +97,29 @@ struct stream_ref {
   }
 };
 
+/// One of the calling thread's last stream lookups (allocator::resolve_stream). A line is
+/// valid while its registry's version is unchanged. Handles are cached only for streams that
+/// cannot be recycled meanwhile: created and registered ones (alive until their removal, which
+/// changes the version) and the default streams; unregistered application streams are looked
+/// up by identity each time.
+struct stream_cache_line {
+  uint64_t registry;  ///< stream_registry::uid()
+  uint64_t version;
+  stream_handle handle;
+  uint64_t id;
+  stream_entry* entry;
+  stream_kind kind;
+};
+/// Lines per thread, direct-mapped on the handle: a lookup reads one line.
+inline constexpr size_t kStreamCacheLines = 16;
+inline thread_local stream_cache_line t_stream_cache[kStreamCacheLines] = {};
+
+/// The calling thread's line for `s`.
+inline stream_cache_line& stream_cache_line_of(stream_handle s) noexcept {
+  const auto v = reinterpret_cast<uintptr_t>(s);
+  return t_stream_cache[((v >> 4) ^ (v >> 12)) % kStreamCacheLines];
+}
+
 /// The created and registered streams of one allocator, by identity. An entry removed from the
 /// registry (its stream retired) stays allocated until the registry is destroyed, so that
 /// allocations can name it by a plain pointer with no reference count; each created or

@@ -29,7 +29,7 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   stream_ref target;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(to, &target));
   ARCPOOL_RETURN_IF_ERROR(check_not_capturing(target, "transfer"));
-  std::lock_guard<std::mutex> lock(a.mutex);
+  std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "transfer"));
   // Wait on the donors' fences, then the receiver owns the memory.
   fence_list fences;
@@ -43,7 +43,7 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   a.uses.clear();
   a.current = std::move(target);
   a.current_fence = std::move(named);
-  stats::count(stats_.transfers);
+  stats_.count(stat::transfers);
   return ARCPOOL_STATUS_SUCCESS;
 }
 
@@ -54,7 +54,7 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   stream_ref user;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &user));
   ARCPOOL_RETURN_IF_ERROR(check_not_capturing(user, "record_use"));
-  std::lock_guard<std::mutex> lock(a.mutex);
+  std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "record_use"));
   if (user.id == a.current.id) return ARCPOOL_STATUS_SUCCESS;  // its order already covers it
   use_record record;
@@ -75,12 +75,12 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   } else {
     a.uses.push_back(std::move(record));
   }
-  stats::count(stats_.use_records);
+  stats_.count(stat::use_records);
   return ARCPOOL_STATUS_SUCCESS;
 }
 
 arcpool_status_t allocator::export_memory(allocation& a, void** out) {
-  std::lock_guard<std::mutex> lock(a.mutex);
+  std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "export"));
   if (a.placement.alignment > kPoolAlignment) {
     return fail(ARCPOOL_STATUS_UNSUPPORTED,
@@ -109,12 +109,12 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
   ARCPOOL_RETURN_IF_ERROR(wait_all(a.current.handle, fences));
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.accept_export(), "export"));
   a.uses.clear();
-  stats::count(stats_.exports);
+  stats_.count(stat::exports);
   nvtx::forget_region(a.placement.data);
   if (!a.external()) {
-    stats_.bytes_in_use.sub(a.placement.size);
-    stats_.allocations_in_use.sub(1);
-    stats_.bytes_held.sub(a.placement.held_bytes);
+    stats_.sub(stat::bytes_in_use, a.placement.size);
+    stats_.sub(stat::allocations_in_use, 1);
+    stats_.sub(stat::bytes_held, a.placement.held_bytes);
   }
   *out = a.placement.base;
   return ARCPOOL_STATUS_SUCCESS;

@@ -55,8 +55,11 @@ const domain_state& state() {
 
 }  // namespace
 
-bool enabled() noexcept {
-  static const bool on = state().domain != nullptr;
+std::atomic<signed char> g_attached{-1};
+
+bool decide() noexcept {
+  const bool on = state().domain != nullptr;  // thread-safe: a function-local static
+  g_attached.store(on ? 1 : 0, std::memory_order_relaxed);
   return on;
 }
 
@@ -80,8 +83,7 @@ void range::pop() noexcept {
   nvtxDomainRangePop(state().domain);
 }
 
-void name_region(const void* pointer, size_t bytes, uint64_t serial) noexcept {
-  if (!enabled() || pointer == nullptr) return;
+void register_region(const void* pointer, size_t bytes, uint64_t serial) noexcept {
   nvtxMemVirtualRangeDesc_t region{bytes, pointer};
   nvtxMemRegionsRegisterBatch_t batch{};
   batch.extCompatID = NVTX_EXT_COMPATID_MEM;
@@ -110,8 +112,7 @@ void name_region(const void* pointer, size_t bytes, uint64_t serial) noexcept {
   nvtxMemRegionsName(state().domain, &names);
 }
 
-void forget_region(const void* pointer) noexcept {
-  if (!enabled() || pointer == nullptr) return;
+void unregister_region(const void* pointer) noexcept {
   nvtxMemRegionRef_t ref;
   ref.pointer = pointer;
   nvtxMemRegionsUnregisterBatch_t batch{};

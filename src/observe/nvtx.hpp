@@ -4,6 +4,7 @@
 // is attached each call costs one load and one predictable branch.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -25,8 +26,16 @@ enum class op : uint32_t {
   reclaim,
 };
 
-/// True when an NVTX tool is attached (decided once, at the first use).
-bool enabled() noexcept;
+/// Whether a tool is attached: -1 until decided (at the first use), then 0 or 1.
+extern std::atomic<signed char> g_attached;
+/// Decides whether a tool is attached (NVTX's domain creation), once.
+bool decide() noexcept;
+
+/// True when an NVTX tool is attached. Inline: one load and a predictable branch.
+inline bool enabled() noexcept {
+  const signed char v = g_attached.load(std::memory_order_relaxed);
+  return v > 0 || (v < 0 && decide());
+}
 
 /// One NVTX range for the scope of a public operation.
 class range {
@@ -46,9 +55,16 @@ class range {
   bool pushed_ = false;
 };
 
+void register_region(const void* pointer, size_t bytes, uint64_t serial) noexcept;
+void unregister_region(const void* pointer) noexcept;
+
 /// Names [pointer, pointer + bytes) "arcpool #serial" in the tools (a no-op without a tool).
-void name_region(const void* pointer, size_t bytes, uint64_t serial) noexcept;
+inline void name_region(const void* pointer, size_t bytes, uint64_t serial) noexcept {
+  if (enabled() && pointer != nullptr) register_region(pointer, bytes, serial);
+}
 /// Forgets the region starting at `pointer`.
-void forget_region(const void* pointer) noexcept;
+inline void forget_region(const void* pointer) noexcept {
+  if (enabled() && pointer != nullptr) unregister_region(pointer);
+}
 
 }  // namespace arcpool::detail::nvtx

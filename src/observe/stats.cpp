@@ -2,13 +2,51 @@
 
 namespace arcpool::detail {
 
+stats::stats() noexcept {
+  set_flush_threshold(stat::bytes_in_use, kByteFlush);
+  set_flush_threshold(stat::bytes_held, kByteFlush);
+  set_flush_threshold(stat::bytes_pending_free, kByteFlush);
+  set_flush_threshold(stat::bytes_cached, kByteFlush);
+  set_flush_threshold(stat::allocations_in_use, kCountFlush);
+}
+
+bool stats::try_add(stat::gauge g, int64_t n, int64_t limit) noexcept {
+  gauge_total& total = totals_[g];
+  int64_t now = total.value.load(std::memory_order_relaxed);
+  do {
+    if (n > limit || now > limit - n) return false;
+  } while (!total.value.compare_exchange_weak(now, now + n, std::memory_order_relaxed));
+  raise_peak(total, now + n);
+  return true;
+}
+
+int64_t stats::current(stat::gauge g) const noexcept {
+  int64_t total = totals_[g].value.load(std::memory_order_relaxed);
+  for (const shard& s : shards_)
+    total += s.value[stat::kCounters + g].load(std::memory_order_relaxed);
+  return total;
+}
+
+int64_t stats::peak(stat::gauge g) const noexcept {
+  const int64_t now = current(g);
+  const int64_t p = totals_[g].peak.load(std::memory_order_relaxed);
+  return p > now ? p : now;
+}
+
+int64_t stats::sum(stat::counter c) const noexcept {
+  int64_t total = 0;
+  for (const shard& s : shards_)
+    total += s.value[c].load(std::memory_order_relaxed);
+  return total;
+}
+
 void stats::read(const pool_figures& pool, arcpool_stats_t* out) const {
-#define ARCPOOL_STATS_READ_GAUGE_(name, doc)                   \
-  out->name##_current = static_cast<uint64_t>(name.current()); \
-  out->name##_peak = static_cast<uint64_t>(name.peak());
+#define ARCPOOL_STATS_READ_GAUGE_(name, doc)                        \
+  out->name##_current = static_cast<uint64_t>(current(stat::name)); \
+  out->name##_peak = static_cast<uint64_t>(peak(stat::name));
   ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_READ_GAUGE_)
 #undef ARCPOOL_STATS_READ_GAUGE_
-#define ARCPOOL_STATS_READ_COUNTER_(name, doc) out->name = static_cast<uint64_t>(name.sum());
+#define ARCPOOL_STATS_READ_COUNTER_(name, doc) out->name = static_cast<uint64_t>(sum(stat::name));
   ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_READ_COUNTER_)
 #undef ARCPOOL_STATS_READ_COUNTER_
   out->pool_reserved_bytes_current = pool.reserved_current;
@@ -16,10 +54,10 @@ void stats::read(const pool_figures& pool, arcpool_stats_t* out) const {
   out->pool_used_bytes_current = pool.used_current;
 }
 
-void stats::reset_peaks() {
-#define ARCPOOL_STATS_RESET_GAUGE_(name, doc) name.reset_peak();
-  ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_RESET_GAUGE_)
-#undef ARCPOOL_STATS_RESET_GAUGE_
+void stats::reset_peaks() noexcept {
+  for (size_t g = 0; g < stat::kGauges; ++g) {
+    totals_[g].peak.store(current(static_cast<stat::gauge>(g)), std::memory_order_relaxed);
+  }
 }
 
 std::string stats_to_json(const arcpool_stats_t& s) {

@@ -1,7 +1,12 @@
 // Statistics of one allocator, generated from the lists in arcpool.h (design.md §11).
+//
+// Layout: every counter and every gauge's unflushed change sit in one block per thread shard,
+// so that an operation looks its shard up once (stats::local) and updates neighbouring words
+// of a few cache lines that no other thread writes.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -11,40 +16,116 @@
 
 namespace arcpool::detail {
 
-/// The allocator's gauges and counters, one field per entry of the lists in arcpool.h.
-struct stats {
-#define ARCPOOL_STATS_GAUGE_MEMBER_(name, doc) sharded_gauge name;
-  ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_GAUGE_MEMBER_)
-#undef ARCPOOL_STATS_GAUGE_MEMBER_
-#define ARCPOOL_STATS_COUNTER_MEMBER_(name, doc) sharded_counter name;
-  ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_COUNTER_MEMBER_)
-#undef ARCPOOL_STATS_COUNTER_MEMBER_
+/// The names of the counters and gauges: `stat::frees`, `stat::bytes_held`.
+namespace stat {
+#define ARCPOOL_STATS_ENUM_(name, doc) name,
+enum counter : size_t { ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_ENUM_) kCounters };
+enum gauge : size_t { ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_ENUM_) kGauges };
+#undef ARCPOOL_STATS_ENUM_
+}  // namespace stat
 
-  /// Byte gauges flush per-thread changes beyond this many bytes (count gauges: 64); see
-  /// sharded_gauge for what it means for the peaks.
+/// The allocator's gauges and counters, one entry per entry of the lists in arcpool.h.
+///
+/// A gauge has a high-water mark. Each shard accumulates its changes and flushes them to the
+/// gauge's total once they exceed the gauge's threshold either way, where the peak is raised.
+/// current() is exact; peak() may miss a rise shorter than the unflushed amounts (at most the
+/// threshold per thread). A threshold of 0 makes every change exact (used under a hard limit).
+class stats {
+  /// One thread shard's words: the counters, then the gauges' unflushed changes.
+  struct alignas(64) shard {
+    std::atomic<int64_t> value[stat::kCounters + stat::kGauges] = {};
+  };
+  /// A gauge's flushed total, its peak and its flush threshold, alone on a cache line.
+  struct alignas(64) gauge_total {
+    std::atomic<int64_t> value{0};
+    std::atomic<int64_t> peak{0};
+    std::atomic<int64_t> threshold{0};
+  };
+
+ public:
+  /// Byte gauges flush per-thread changes beyond this many bytes (count gauges: 64).
   static constexpr int64_t kByteFlush = 1 << 20;
   static constexpr int64_t kCountFlush = 64;
 
-  stats() {
-    bytes_in_use.set_flush_threshold(kByteFlush);
-    bytes_held.set_flush_threshold(kByteFlush);
-    bytes_pending_free.set_flush_threshold(kByteFlush);
-    bytes_cached.set_flush_threshold(kByteFlush);
-    allocations_in_use.set_flush_threshold(kCountFlush);
+  stats() noexcept;
+  stats(const stats&) = delete;
+  stats& operator=(const stats&) = delete;
+
+  /// The calling thread's shard, looked up once for the updates of one operation. Valid on
+  /// the thread that took it, while the stats live.
+  class local {
+   public:
+    void count(stat::counter c, int64_t n = 1) noexcept {
+      shard_add(shard_.value[c], n, exclusive_);
+    }
+    void add(stat::gauge g, int64_t n) noexcept {
+      gauge_total& total = owner_.totals_[g];
+      const int64_t threshold = total.threshold.load(std::memory_order_relaxed);
+      if (threshold == 0) {
+        raise_peak(total, total.value.fetch_add(n, std::memory_order_relaxed) + n);
+        return;
+      }
+      std::atomic<int64_t>& pending = shard_.value[stat::kCounters + g];
+      shard_add(pending, n, exclusive_);
+      const int64_t v = pending.load(std::memory_order_relaxed);
+      if (v > threshold || v < -threshold) flush(total, pending);
+    }
+    void sub(stat::gauge g, int64_t n) noexcept { add(g, -n); }
+
+   private:
+    friend class stats;
+    local(stats& owner, shard_slot slot) noexcept
+        : owner_(owner), shard_(owner.shards_[slot.index]), exclusive_(slot.exclusive) {}
+    stats& owner_;
+    shard& shard_;
+    const bool exclusive_;
+  };
+
+  /// The calling thread's shard.
+  local here() noexcept { return local(*this, thread_shard()); }
+
+  /// One update through the calling thread's shard (for code off the fast path).
+  void count(stat::counter c, int64_t n = 1) noexcept { here().count(c, n); }
+  void add(stat::gauge g, int64_t n) noexcept { here().add(g, n); }
+  void sub(stat::gauge g, int64_t n) noexcept { here().add(g, -n); }
+
+  /// Adds `n` to gauge `g` unless its exact total would exceed `limit` (threshold 0 only).
+  bool try_add(stat::gauge g, int64_t n, int64_t limit) noexcept;
+  /// Sets the flush threshold of gauge `g` (0: every change is exact).
+  void set_flush_threshold(stat::gauge g, int64_t t) noexcept {
+    totals_[g].threshold.store(t, std::memory_order_relaxed);
   }
 
-  /// Adds `n` to a counter.
-  static void count(sharded_counter& counter, int64_t n = 1) noexcept {
-    counter.add(n);
-  }
+  /// A gauge's exact current value, and its high-water mark.
+  int64_t current(stat::gauge g) const noexcept;
+  int64_t peak(stat::gauge g) const noexcept;
+  /// A counter's sum; exact once the updating threads are quiescent.
+  int64_t sum(stat::counter c) const noexcept;
 
   /// Fills the C struct (whose struct_size and version the caller set) with these values and
   /// the pool's figures.
   void read(const pool_figures& pool, arcpool_stats_t* out) const;
 
   /// Resets every peak to its current value.
-  void reset_peaks();
+  void reset_peaks() noexcept;
+
+ private:
+  static void raise_peak(gauge_total& total, int64_t now) noexcept {
+    int64_t p = total.peak.load(std::memory_order_relaxed);
+    while (now > p && !total.peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
+    }
+  }
+  static void flush(gauge_total& total, std::atomic<int64_t>& pending) noexcept {
+    const int64_t taken = pending.exchange(0, std::memory_order_relaxed);
+    raise_peak(total, total.value.fetch_add(taken, std::memory_order_relaxed) + taken);
+  }
+
+  shard shards_[kShards];
+  gauge_total totals_[stat::kGauges];
 };
+
+static_assert(alignof(stats) == 64 && sizeof(stats) % 64 == 0,
+              "each thread's stats shard fills whole cache lines of its own");
 
 /// The C struct as one JSON object.
 std::string stats_to_json(const arcpool_stats_t& s);
