@@ -365,7 +365,7 @@ TEST_P(Lifetime, ZeroBytesIsAValidAllocationWithANullPointer) {
   EXPECT_EQ(0u, core().reclaim_pending());
 }
 
-ARCPOOL_INSTANTIATE_FOR_DRIVERS(Lifetime);
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(Lifetime);
 
 }  // namespace
 }  // namespace arcpool::test

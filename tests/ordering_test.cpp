@@ -203,7 +203,7 @@ TEST_P(Ordering, ACallersStreamIsFencedEvenWhenItIsNotTheCurrentStream) {
   arcpool_allocation_release(a);
 }
 
-ARCPOOL_INSTANTIATE_FOR_DRIVERS(Ordering);
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(Ordering);
 
 }  // namespace
 }  // namespace arcpool::test

@@ -96,7 +96,7 @@ TEST_P(RawPointerWaitAndFree, RecordStreamThatOutlivesTheFreeCoversLaterSideWork
   EXPECT_EQ(1u, stats().frees);
 }
 
-ARCPOOL_INSTANTIATE_FOR_DRIVERS(RawPointerWaitAndFree);
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(RawPointerWaitAndFree);
 
 TEST_P(RawPointer, ZeroBytesIsNullAndFreeingNullIsANoOp) {
   EXPECT_EQ(nullptr, arcpool_malloc_async(0, 0, s_));
@@ -118,6 +118,7 @@ TEST_P(RawPointer, RecordStreamOfAnUnknownPointerIsUnknownPointer) {
 }
 
 TEST_P(RawPointer, AllocationsOfAReplacedDefaultStayValid) {
+  ARCPOOL_SKIP_ON_DETERMINISTIC("the replacement's own driver cannot name the fixture's streams");
   void* p = arcpool_malloc_async(kBytes, 0, s_);
   ASSERT_NE(nullptr, p);
   arcpool_allocator_options_t options;
@@ -140,7 +141,7 @@ TEST_P(RawPointer, ADefaultAllocatorMustServeItsDevice) {
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_default_allocator_set(-1, alloc_));
 }
 
-ARCPOOL_INSTANTIATE_FOR_DRIVERS(RawPointer);
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(RawPointer);
 
 }  // namespace
 }  // namespace arcpool::test

@@ -211,7 +211,7 @@ TEST_P(Routing, MemoryInUseIsNeverHandedOutAgain) {
   }
 }
 
-ARCPOOL_INSTANTIATE_FOR_DRIVERS(Routing);
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(Routing);
 
 /// The allocator options choose the strategy for foreign streams.
 class RoutingOptions : public Routing {
@@ -241,7 +241,7 @@ TEST_P(RoutingOptions, AllocatorOptionsPickTheDefaultStrategy) {
   arcpool_allocation_release(b);
 }
 
-ARCPOOL_INSTANTIATE_FOR_DRIVERS(RoutingOptions);
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(RoutingOptions);
 
 }  // namespace
 }  // namespace arcpool::test

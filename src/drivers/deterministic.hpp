@@ -16,8 +16,10 @@
 // certain failure, reported with the two operations named.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,11 @@ arcpool_status_t access(driver& d, const void* p, size_t bytes, stream_handle s,
 /// Makes later work on `waiter` wait for the work queued on `target` so far (an application's
 /// own synchronization, e.g. before using a buffer on another stream).
 arcpool_status_t wait_stream(driver& d, stream_handle waiter, stream_handle target);
+
+/// Holds `s` until `*open` is true: work queued on `s` after this call runs only once the test
+/// set it (a test latch). Nothing blocks meanwhile: the scheduler runs the other streams, and a
+/// blocking call that needs `s` reports a deadlock instead of waiting forever.
+arcpool_status_t hold(driver& d, stream_handle s, std::shared_ptr<const std::atomic<bool>> open);
 
 /// Every violation found so far, each naming the operations involved.
 std::vector<std::string> violations(const driver& d);

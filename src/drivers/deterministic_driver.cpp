@@ -300,6 +300,13 @@ class deterministic_driver final : public driver {
     return ARCPOOL_STATUS_SUCCESS;
   }
 
+  arcpool_status_t hold(stream_handle s, std::shared_ptr<const std::atomic<bool>> open) {
+    det_stream* st = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "hold", &st));
+    push(*st, {[open] { return open->load(); }, [](det_stream&) {}});
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
   size_t run_steps(size_t steps) {
     size_t n = 0;
     while ((steps == 0 || n < steps) && step())
@@ -551,6 +558,12 @@ arcpool_status_t wait_stream(driver& d, stream_handle waiter, stream_handle targ
   deterministic_driver* dd = as_deterministic(d);
   if (dd == nullptr) return fail(ARCPOOL_STATUS_UNSUPPORTED, "wait_stream: not deterministic");
   return dd->wait_stream(waiter, target);
+}
+
+arcpool_status_t hold(driver& d, stream_handle s, std::shared_ptr<const std::atomic<bool>> open) {
+  deterministic_driver* dd = as_deterministic(d);
+  if (dd == nullptr) return fail(ARCPOOL_STATUS_UNSUPPORTED, "hold: not a deterministic driver");
+  return dd->hold(s, std::move(open));
 }
 
 std::vector<std::string> violations(const driver& d) {

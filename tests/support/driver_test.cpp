@@ -5,8 +5,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
+#include <random>
 #include <thread>
 
+#include "drivers/deterministic.hpp"
 #include "drivers/host_stream.hpp"
 #include "support/simcuda_probe.hpp"
 
@@ -25,17 +28,41 @@ std::string cuda_unavailable_reason() {
   return reason;
 }
 
+namespace {
+
+/// ARCPOOL_TEST_SEED when set, else a fresh random seed (never 0: 0 means not deterministic).
+uint64_t deterministic_seed() {
+  if (const char* env = std::getenv("ARCPOOL_TEST_SEED"); env != nullptr && *env != '\0') {
+    const uint64_t seed = std::strtoull(env, nullptr, 0);
+    if (seed != 0) return seed;
+  }
+  std::random_device rd;
+  const uint64_t seed = (uint64_t{rd()} << 32) ^ rd();
+  return seed == 0 ? 1 : seed;
+}
+
+}  // namespace
+
 void DriverTest::SetUp() {
-  if (GetParam() == ARCPOOL_DRIVER_CUDA) ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  if (GetParam().kind == ARCPOOL_DRIVER_CUDA) ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
-  options.driver = GetParam();
+  options.driver = GetParam().kind;
+  if (deterministic()) {
+    seed_ = deterministic_seed();
+    options.host_deterministic_seed = seed_;
+  }
   // The model's tests count every free: the fast path's cache is off unless a suite turns it
   // on (cache_test.cpp, reuse_test.cpp).
   options.stream_cache_bytes = 0;
   customize(options);
   ASSERT_OK(arcpool_allocator_create(&options, &alloc_));
-  probe_ = on_host() ? make_host_probe(alloc_) : make_cuda_probe();
+  if (deterministic()) {
+    ASSERT_TRUE(detail::deterministic::is_deterministic(core().drv()));
+    probe_ = make_deterministic_probe(alloc_);
+  } else {
+    probe_ = on_host() ? make_host_probe(alloc_) : make_cuda_probe();
+  }
 }
 
 void DriverTest::TearDown() {
@@ -48,6 +75,19 @@ void DriverTest::TearDown() {
     sync(s);
   for (arcpool_stream_t s : app_streams_)
     sync(s);
+  if (deterministic()) {
+    // Complete the deferred frees and flush the caches while the checker can still be read
+    // (it goes with the allocator), then report every unordered access and free.
+    arcpool_allocator_trim(alloc_, 0);
+    std::string all;
+    for (const std::string& v : detail::deterministic::violations(core().drv()))
+      all += "  " + v + "\n";
+    if (!all.empty()) ADD_FAILURE() << "happens-before violations:\n" << all;
+    if (HasFailure()) {
+      std::cerr << "[ SEED     ] deterministic driver seed " << seed_
+                << ": ARCPOOL_TEST_SEED=" << seed_ << " replays this schedule\n";
+    }
+  }
   gates_.clear();
   markers_.clear();
   for (arcpool_stream_t s : app_streams_)
@@ -107,7 +147,11 @@ std::shared_ptr<marker> DriverTest::mark(arcpool_stream_t s) {
 }
 
 void DriverTest::settle(arcpool_stream_t s) {
-  if (on_host()) {
+  if (deterministic()) {
+    // Every stream runs as far as it can: a marker not reached now cannot be reached without
+    // the test.
+    detail::deterministic::run(core().drv());
+  } else if (on_host()) {
     detail::host_stream_find(s)->settle();
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -118,6 +162,11 @@ void DriverTest::fill_async(arcpool_stream_t s, void* p, size_t bytes, int value
   if (!on_host()) {
     EXPECT_EQ(cudaSuccess, cudaMemsetAsync(p, value, bytes, reinterpret_cast<cudaStream_t>(s)));
     return;
+  }
+  if (deterministic()) {
+    // The checker sees the write: a free (or a reuse) not ordered after it is a violation.
+    EXPECT_OK(detail::deterministic::access(core().drv(), p, bytes, s,
+                                            "fill_async(" + std::to_string(value) + ")"));
   }
   struct fill {
     void* p;
@@ -150,6 +199,7 @@ void DriverTest::expect_filled(const void* p, size_t bytes, int value) {
 void DriverTest::finish_reclaims() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (core().reclaim_pending() > 0) {
+    if (deterministic()) detail::deterministic::run(core().drv());
     if (core().reclaim_poll_once() == 0) std::this_thread::yield();
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "deferred frees never completed";
   }
@@ -158,6 +208,21 @@ void DriverTest::finish_reclaims() {
     sync(s);
   for (arcpool_stream_t s : app_streams_)
     sync(s);
+}
+
+void DriverTest::run_unheld(std::initializer_list<arcpool_stream_t> unheld) {
+  for (arcpool_stream_t s : unheld)
+    sync(s);
+  core().reclaim_poll_once();
+  for (arcpool_stream_t s : unheld)
+    sync(s);
+}
+
+void DriverTest::expect_pending(size_t items, uint64_t pending_bytes, uint64_t frees) {
+  EXPECT_EQ(items, core().reclaim_pending()) << "deferred frees still waiting for a held stream";
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(pending_bytes, st.bytes_pending_free_current) << "bytes still pending free";
+  EXPECT_EQ(frees, st.frees) << "blocks returned to the pool";
 }
 
 arcpool_placement_t DriverTest::placement(const arcpool_allocation_t* a) const {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -31,6 +32,13 @@ std::string cuda_unavailable_reason();
     }                                                                                       \
   } while (0)
 
+/// Skips a test that cannot run on the deterministic driver (it needs threads of its own, or
+/// a second allocator that could not name the first one's streams), saying why.
+#define ARCPOOL_SKIP_ON_DETERMINISTIC(why)                                             \
+  do {                                                                                 \
+    if (deterministic()) GTEST_SKIP() << "not on the deterministic driver: " << (why); \
+  } while (0)
+
 /// A status with the message arcpool_last_error() gave for it, so that a mismatch prints both.
 struct status_result {
   arcpool_status_t status;
@@ -53,8 +61,36 @@ inline void PrintTo(const status_result& r, std::ostream* os) {
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, ::arcpool::test::status_result::of(expr)) << #expr
 #define EXPECT_OK(expr) EXPECT_STATUS(ARCPOOL_STATUS_SUCCESS, expr)
 
+/// The driver a DriverTest instance runs on: the host or CUDA driver, or the host driver's
+/// deterministic mode (design.md §8: a seeded scheduler and a happens-before checker). Converts
+/// to the driver kind, so `options.driver = GetParam()` keeps working (HOST for deterministic).
+struct driver_param {
+  arcpool_driver_kind_t kind = ARCPOOL_DRIVER_HOST;
+  bool deterministic = false;
+  // Implicit both ways on purpose.
+  driver_param(arcpool_driver_kind_t k, bool det = false) : kind(k), deterministic(det) {}
+  operator arcpool_driver_kind_t() const { return kind; }
+  /// "host", "cuda" or "deterministic".
+  std::string name() const { return deterministic ? "deterministic" : arcpool_driver_name(kind); }
+};
+inline void PrintTo(const driver_param& p, std::ostream* os) {
+  *os << p.name();
+}
+/// The deterministic instance's parameter.
+inline driver_param deterministic_driver() {
+  return driver_param(ARCPOOL_DRIVER_HOST, true);
+}
+
 /// Base fixture: one allocator on the parameter's driver, streams, gates and markers.
-class DriverTest : public ::testing::TestWithParam<arcpool_driver_kind_t> {
+///
+/// On the deterministic driver nothing runs unless the test drives it: gates are latches the
+/// scheduler skips (never a blocked thread), settle() runs every stream as far as it can,
+/// sync() of a stream that can never drain fails (a deadlock) instead of hanging, no reclaim
+/// worker runs (deferred frees complete only in reclaim_poll_once, drains and trims), and
+/// fill_async declares its write to the happens-before checker, so that a free not ordered
+/// after it fails the test at teardown, whatever addresses the pool hands out. The seed is
+/// ARCPOOL_TEST_SEED when set, else random and printed with every failure.
+class DriverTest : public ::testing::TestWithParam<driver_param> {
  protected:
   void SetUp() override;
   void TearDown() override;
@@ -64,7 +100,14 @@ class DriverTest : public ::testing::TestWithParam<arcpool_driver_kind_t> {
 
   /// The allocator's internals (tests reach the reclaimer and the driver through it).
   detail::allocator& core() const;
-  bool on_host() const { return GetParam() == ARCPOOL_DRIVER_HOST; }
+  /// The host driver, threaded or deterministic: the pool's figures are exact.
+  bool on_host() const { return GetParam().kind == ARCPOOL_DRIVER_HOST; }
+  /// The host driver with a worker thread per stream (host_stream_find knows its streams).
+  bool on_threaded_host() const { return on_host() && !GetParam().deterministic; }
+  /// The deterministic host driver: no thread runs anything the test does not drive.
+  bool deterministic() const { return GetParam().deterministic; }
+  /// The deterministic driver's seed (0 on the other drivers).
+  uint64_t seed() const { return seed_; }
 
   /// A stream made by arcpool_stream_create (provably alive).
   arcpool_stream_t make_stream();
@@ -97,6 +140,20 @@ class DriverTest : public ::testing::TestWithParam<arcpool_driver_kind_t> {
   /// Call after the streams holding the fences were synchronized.
   void finish_reclaims();
 
+  /// Runs everything that can run without the test: synchronizes `unheld` (streams no gate
+  /// holds, directly or through a wait: so every fence taken on them completed and every free
+  /// queued on them ran), makes one reclaim pass on this thread (which completes any deferred
+  /// free whose fences all completed, unless the worker already took it), and synchronizes
+  /// `unheld` again (so the frees that pass enqueued on them ran). Afterwards a deferred free
+  /// that is still pending can only be waiting for a held stream: the test then asserts what is
+  /// pending (expect_pending) and what the pool holds, which tells "not done yet" from "already
+  /// freed too early" (a bare `reclaim_poll_once() == 0` cannot: the worker may have freed it).
+  void run_unheld(std::initializer_list<arcpool_stream_t> unheld);
+
+  /// Expects `items` deferred frees still queued on the reclaimer, `pending_bytes` of pool
+  /// memory still counted as pending free, and `frees` blocks returned to the pool so far.
+  void expect_pending(size_t items, uint64_t pending_bytes, uint64_t frees);
+
   /// The placement of `a`.
   arcpool_placement_t placement(const arcpool_allocation_t* a) const;
 
@@ -121,6 +178,7 @@ class DriverTest : public ::testing::TestWithParam<arcpool_driver_kind_t> {
   std::unique_ptr<stream_probe> probe_;
 
  private:
+  uint64_t seed_ = 0;
   std::vector<arcpool_stream_t> streams_;
   std::vector<arcpool_stream_t> app_streams_;
   // Gates and markers live until teardown, after every stream drained: a CUDA marker's word
@@ -136,11 +194,23 @@ class DriverTest : public ::testing::TestWithParam<arcpool_driver_kind_t> {
 };
 
 /// Instantiates a DriverTest-derived suite for both drivers.
-#define ARCPOOL_INSTANTIATE_FOR_DRIVERS(Suite)                                            \
-  INSTANTIATE_TEST_SUITE_P(Drivers, Suite,                                                \
-                           ::testing::Values(ARCPOOL_DRIVER_HOST, ARCPOOL_DRIVER_CUDA),   \
-                           [](const ::testing::TestParamInfo<arcpool_driver_kind_t>& i) { \
-                             return std::string(arcpool_driver_name(i.param));            \
+#define ARCPOOL_INSTANTIATE_FOR_DRIVERS(Suite)                                                    \
+  INSTANTIATE_TEST_SUITE_P(Drivers, Suite,                                                        \
+                           ::testing::Values(::arcpool::test::driver_param(ARCPOOL_DRIVER_HOST),  \
+                                             ::arcpool::test::driver_param(ARCPOOL_DRIVER_CUDA)), \
+                           [](const ::testing::TestParamInfo<::arcpool::test::driver_param>& i) { \
+                             return i.param.name();                                               \
+                           })
+
+/// Instantiates a DriverTest-derived suite for both drivers and the deterministic host driver
+/// (suites that use no host thread of their own and no host_stream_find).
+#define ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(Suite)                                                \
+  INSTANTIATE_TEST_SUITE_P(Drivers, Suite,                                                        \
+                           ::testing::Values(::arcpool::test::driver_param(ARCPOOL_DRIVER_HOST),  \
+                                             ::arcpool::test::deterministic_driver(),             \
+                                             ::arcpool::test::driver_param(ARCPOOL_DRIVER_CUDA)), \
+                           [](const ::testing::TestParamInfo<::arcpool::test::driver_param>& i) { \
+                             return i.param.name();                                               \
                            })
 
 }  // namespace arcpool::test

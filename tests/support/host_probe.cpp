@@ -2,6 +2,8 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "core/allocator.hpp"
+#include "drivers/deterministic.hpp"
 #include "drivers/host_stream.hpp"
 #include "support/stream_probe.hpp"
 
@@ -79,10 +81,44 @@ class host_probe final : public stream_probe {
   arcpool_allocator_t* allocator_;
 };
 
+/// A latch of the deterministic driver: the scheduler runs nothing behind it while closed.
+class deterministic_gate final : public gate {
+ public:
+  explicit deterministic_gate(std::shared_ptr<std::atomic<bool>> open) : open_(std::move(open)) {}
+  ~deterministic_gate() override { open(); }
+  void open() override { open_->store(true); }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> open_;
+};
+
+class deterministic_probe final : public stream_probe {
+ public:
+  explicit deterministic_probe(arcpool_allocator_t* allocator)
+      : allocator_(allocator), markers_(allocator) {}
+
+  std::unique_ptr<gate> block(arcpool_stream_t s) override {
+    auto open = std::make_shared<std::atomic<bool>>(false);
+    detail::deterministic::hold(detail::from_handle(allocator_)->drv(), s, open);
+    return std::make_unique<deterministic_gate>(std::move(open));
+  }
+
+  // Markers are plain host work: the scheduler runs it in stream order, on the test's thread.
+  std::shared_ptr<marker> mark(arcpool_stream_t s) override { return markers_.mark(s); }
+
+ private:
+  arcpool_allocator_t* allocator_;
+  host_probe markers_;
+};
+
 }  // namespace
 
 std::unique_ptr<stream_probe> make_host_probe(arcpool_allocator_t* allocator) {
   return std::make_unique<host_probe>(allocator);
+}
+
+std::unique_ptr<stream_probe> make_deterministic_probe(arcpool_allocator_t* allocator) {
+  return std::make_unique<deterministic_probe>(allocator);
 }
 
 }  // namespace arcpool::test

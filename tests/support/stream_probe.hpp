@@ -33,6 +33,10 @@ class stream_probe {
 /// Host driver: queued host work waiting on a latch, and host work setting a flag.
 std::unique_ptr<stream_probe> make_host_probe(arcpool_allocator_t* allocator);
 
+/// Deterministic host driver: a latch its scheduler skips while closed (detail::deterministic
+/// ::hold), and host work setting a flag.
+std::unique_ptr<stream_probe> make_deterministic_probe(arcpool_allocator_t* allocator);
+
 /// CUDA driver: cuStreamWaitValue32 / cuStreamWriteValue32 on mapped pinned memory, so a
 /// blocked stream never occupies CUDA's host-callback thread.
 std::unique_ptr<stream_probe> make_cuda_probe();
