@@ -38,7 +38,7 @@ class thread_block_cache {
 
   /// A block of Size bytes; throws std::bad_alloc like operator new.
   static void* allocate() {
-    list& l = t_list;
+    list& l = this_thread_list();
     if (kThreadBlockCacheEnabled && l.head != nullptr) {
       node* n = l.head;
       l.head = n->next;
@@ -49,7 +49,7 @@ class thread_block_cache {
   }
   /// As allocate, or null when the heap has no memory.
   static void* allocate(const std::nothrow_t&) noexcept {
-    list& l = t_list;
+    list& l = this_thread_list();
     if (kThreadBlockCacheEnabled && l.head != nullptr) {
       node* n = l.head;
       l.head = n->next;
@@ -61,7 +61,7 @@ class thread_block_cache {
 
   /// Gives back a block of allocate's, on any thread.
   static void free(void* p) noexcept {
-    list& l = t_list;
+    list& l = this_thread_list();
     if (!kThreadBlockCacheEnabled || l.count >= kCapacity || l.state == list_state::exited) {
       ::operator delete(p);
       return;
@@ -87,7 +87,7 @@ class thread_block_cache {
   /// Empties the calling thread's list when it exits (constructed by the first free).
   struct drain_at_exit {
     ~drain_at_exit() {
-      list& l = t_list;
+      list& l = this_thread_list();
       l.state = list_state::exited;
       while (l.head != nullptr) {
         node* n = l.head;
@@ -100,10 +100,14 @@ class thread_block_cache {
   static void register_exit() noexcept {
     thread_local drain_at_exit drain;
     (void)drain;
-    t_list.state = list_state::active;
+    this_thread_list().state = list_state::active;
   }
 
-  static inline thread_local list t_list{nullptr, 0, list_state::unused};
+  /// The calling thread's list (constant-initialized: no guard, one TLS access).
+  static list& this_thread_list() noexcept {
+    static thread_local list l{nullptr, 0, list_state::unused};
+    return l;
+  }
 };
 
 }  // namespace arcpool::detail
