@@ -1,10 +1,14 @@
 // The C++ API: buffer / shared_buffer claims, views, transfer, exceptions. On both drivers.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
+#include <memory>
 #include <new>
 #include <type_traits>
 
 #include "arcpool/arcpool.hpp"
+#include "drivers/host_stream.hpp"
 #include "support/driver_test.hpp"
 
 namespace arcpool::test {
@@ -48,19 +52,38 @@ TEST_P(CppApi, MovingABufferIntoItselfKeepsItsClaim) {
 }
 
 TEST_P(CppApi, AStreamKeepsItsAllocatorAliveWhateverTheDestructionOrder) {
-  // Members die in reverse order: the allocator first, then the stream that needs it.
-  struct holder {
-    stream s;
-    allocator a;
-  };
+  // The allocator object goes first, then the stream that needs it. Had the stream borrowed the
+  // allocator, its teardown would run with the allocator object and destroy the streams it
+  // created: the stream handle would be dead while the C++ stream still holds it.
   allocator_options options;
   options.driver = GetParam();
-  {
-    holder h{stream(), allocator(options)};
-    h.s = h.a.create_stream();
-    h.s.synchronize();
-  }  // ASan reports a use after free here if the stream borrowed the allocator
-  SUCCEED();
+  auto a = std::make_unique<allocator>(options);
+  stream s = a->create_stream();
+  const arcpool_stream_t handle = s.get();
+  arcpool_allocator_t* const held = a->get();  // valid only as long as the stream keeps it
+  a.reset();
+  // Still alive: the stream's own reference kept the allocator, and so its stream.
+  const bool alive = on_host()
+                         ? detail::host_stream_find(handle) != nullptr
+                         : cudaStreamQuery(reinterpret_cast<cudaStream_t>(handle)) == cudaSuccess;
+  if (!alive) {
+    // The allocator is gone: never touch it again (leak the stream rather than destroy it).
+    new stream(std::move(s));
+    FAIL() << "the allocator was torn down while its stream still held it";
+  }
+  s.synchronize();
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  EXPECT_OK(arcpool_stats_get(held, &st)) << "the stream's allocator answers";
+  arcpool_allocation_t* b = nullptr;
+  EXPECT_OK(arcpool_allocate_async(held, 4096, 0, handle, 0, &b)) << "and still allocates";
+  EXPECT_OK(arcpool_deallocate_async(b, handle, 0));
+  arcpool_allocation_release(b);
+  s = stream();  // the last reference: now the allocator and its stream go
+  if (on_host()) {
+    EXPECT_EQ(nullptr, detail::host_stream_find(handle)) << "destroyed with the last reference";
+  }
 }
 
 TEST_P(CppApi, ABufferDeallocatesOnItsCurrentStreamWhenDestroyed) {
