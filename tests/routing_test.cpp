@@ -4,6 +4,8 @@
 // the gate opens, and it runs.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "support/driver_test.hpp"
 
 namespace arcpool::test {
@@ -115,6 +117,7 @@ TEST_P(Routing, PreferOriginFallsBackWhenTheOriginIsNotProvablyAlive) {
 
 TEST_P(Routing, DeferredHasNoFalseDependencyAndFreesOnTheOriginAfterTheFences) {
   arcpool_allocation_t* a = allocation_in_use_on_busy(origin_);
+  void* const block = data(a);
   const uint64_t used = pool_used();
   EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
   auto caller_after = mark(caller_);
@@ -125,6 +128,7 @@ TEST_P(Routing, DeferredHasNoFalseDependencyAndFreesOnTheOriginAfterTheFences) {
   EXPECT_TRUE(origin_after->reached());
   run_unheld({caller_, origin_});
   expect_pending(1, kBytes, 0);  // reclaimed while the busy stream writes, if not
+  EXPECT_TRUE(streams_that_freed(block).empty()) << "a free was enqueued while busy_ writes";
   if (on_host()) {
     EXPECT_EQ(used, pool_used());
   }
@@ -133,6 +137,10 @@ TEST_P(Routing, DeferredHasNoFalseDependencyAndFreesOnTheOriginAfterTheFences) {
   sync(caller_);
   finish_reclaims();
   sync(origin_);
+  // Which stream freed: the origin, nothing else (not the caller, the busy stream or the
+  // reclaim stream), and exactly once.
+  EXPECT_EQ(std::vector<arcpool_stream_t>{origin_}, streams_that_freed(block))
+      << "origin " << origin_ << ", caller " << caller_ << ", busy " << busy_;
   const auto st = stats();
   EXPECT_EQ(1u, st.frees);
   EXPECT_EQ(1u, st.deferred_frees);
@@ -147,6 +155,7 @@ TEST_P(Routing, DeferredHasNoFalseDependencyAndFreesOnTheOriginAfterTheFences) {
 TEST_P(Routing, DeferredFreesOnTheReclaimStreamWhenTheOriginIsNotProvablyAlive) {
   arcpool_stream_t app = make_app_stream();
   arcpool_allocation_t* a = allocation_in_use_on_busy(app);
+  void* const block = data(a);
   EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
   auto app_after = mark(app);
   settle(app);
@@ -155,6 +164,10 @@ TEST_P(Routing, DeferredFreesOnTheReclaimStreamWhenTheOriginIsNotProvablyAlive) 
   sync(busy_);
   sync(caller_);
   finish_reclaims();
+  const std::vector<arcpool_stream_t> freed = streams_that_freed(block);
+  ASSERT_EQ(1u, freed.size()) << "freed exactly once";
+  for (arcpool_stream_t s : {app, caller_, busy_})
+    EXPECT_NE(s, freed[0]) << "the reclaim stream frees, no stream the application knows";
   EXPECT_EQ(1u, stats().frees);
   EXPECT_EQ(1u, stats().origin_fallbacks);
   arcpool_allocation_release(a);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <iostream>
 #include <random>
 #include <thread>
@@ -55,6 +56,18 @@ void DriverTest::SetUp() {
   // The model's tests count every free: the fast path's cache is off unless a suite turns it
   // on (cache_test.cpp, reuse_test.cpp).
   options.stream_cache_bytes = 0;
+  static std::mutex logs_mutex;
+  static std::deque<free_log> logs;
+  {
+    std::lock_guard<std::mutex> lock(logs_mutex);
+    free_log_ = &logs.emplace_back();
+  }
+  options.before_free = [](void* p, size_t bytes, arcpool_stream_t s, void* user_data) {
+    auto* log = static_cast<free_log*>(user_data);
+    std::lock_guard<std::mutex> lock(log->mutex);
+    log->frees.push_back({p, bytes, s});
+  };
+  options.before_free_user_data = free_log_;
   customize(options);
   ASSERT_OK(arcpool_allocator_create(&options, &alloc_));
   if (deterministic()) {
@@ -223,6 +236,19 @@ void DriverTest::expect_pending(size_t items, uint64_t pending_bytes, uint64_t f
   const arcpool_stats_t st = stats();
   EXPECT_EQ(pending_bytes, st.bytes_pending_free_current) << "bytes still pending free";
   EXPECT_EQ(frees, st.frees) << "blocks returned to the pool";
+}
+
+std::vector<DriverTest::enqueued_free> DriverTest::frees_enqueued() const {
+  std::lock_guard<std::mutex> lock(free_log_->mutex);
+  return free_log_->frees;
+}
+
+std::vector<arcpool_stream_t> DriverTest::streams_that_freed(const void* block) const {
+  std::vector<arcpool_stream_t> streams;
+  for (const enqueued_free& f : frees_enqueued()) {
+    if (f.block == block) streams.push_back(f.stream);
+  }
+  return streams;
 }
 
 arcpool_placement_t DriverTest::placement(const arcpool_allocation_t* a) const {

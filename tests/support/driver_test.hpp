@@ -7,6 +7,7 @@
 
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -154,6 +155,19 @@ class DriverTest : public ::testing::TestWithParam<driver_param> {
   /// memory still counted as pending free, and `frees` blocks returned to the pool so far.
   void expect_pending(size_t items, uint64_t pending_bytes, uint64_t frees);
 
+  /// One pool free arcpool enqueued (a routed, same-stream or reclaim free; not cache flushes),
+  /// as the before_free hook saw it: the block and the stream it was enqueued on.
+  struct enqueued_free {
+    void* block;
+    size_t bytes;
+    arcpool_stream_t stream;
+  };
+  /// Every pool free enqueued so far, in order. Recorded through the allocator's before_free
+  /// hook, which the fixture sets before customize() (a suite that sets its own has none).
+  std::vector<enqueued_free> frees_enqueued() const;
+  /// The streams the frees of `block` were enqueued on, in order.
+  std::vector<arcpool_stream_t> streams_that_freed(const void* block) const;
+
   /// The placement of `a`.
   arcpool_placement_t placement(const arcpool_allocation_t* a) const;
 
@@ -179,6 +193,13 @@ class DriverTest : public ::testing::TestWithParam<driver_param> {
 
  private:
   uint64_t seed_ = 0;
+  struct free_log {
+    mutable std::mutex mutex;
+    std::vector<enqueued_free> frees;
+  };
+  // Never freed (kept in a static list): the hook may run until the allocator is gone, which a
+  // leaked record can delay past the fixture.
+  free_log* free_log_ = nullptr;
   std::vector<arcpool_stream_t> streams_;
   std::vector<arcpool_stream_t> app_streams_;
   // Gates and markers live until teardown, after every stream drained: a CUDA marker's word
