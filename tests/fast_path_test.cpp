@@ -1,0 +1,114 @@
+// What the fast path (a same-stream cache hit, design.md §7) must keep doing while it is made
+// shorter: refuse a capturing stream, count in every statistic a slow allocation counts in, and
+// hand records freed on one thread to allocations on another. On every driver.
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBlock = 4096;
+
+class FastPath : public DriverTest {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.stream_cache_bytes = 1024 * kBlock;  // the default, whatever the fixture's is
+    options.stream_cache_max_block = 64 * kBlock;
+  }
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    s_ = make_stream();
+  }
+
+  /// Allocates a block on s_ and frees it there, so that the next allocation of its size hits.
+  void warm() {
+    arcpool_allocation_t* a = allocate(kBlock, s_);
+    ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+    arcpool_allocation_release(a);
+    ASSERT_EQ(kBlock, stats().bytes_cached_current);
+  }
+
+  arcpool_stream_t s_ = nullptr;
+};
+
+TEST_P(FastPath, ACacheHitOnACapturingStreamIsUnsupportedAndTakesNothing) {
+  warm();
+  // The stream is known to this thread's stream cache, so the lookup itself asks nothing: only
+  // the fast path's own capture check can refuse it.
+  const arcpool_stats_t before = stats();
+  ASSERT_OK(core().drv().stream_begin_capture(s_));
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_allocate_async(alloc_, kBlock, 0, s_, 0, &a));
+  EXPECT_EQ(nullptr, a);
+  ASSERT_OK(core().drv().stream_end_capture(s_));
+  const arcpool_stats_t after = stats();
+  EXPECT_EQ(before.cache_hits, after.cache_hits);
+  EXPECT_EQ(before.allocations, after.allocations);
+  EXPECT_EQ(kBlock, after.bytes_cached_current) << "the cached block stays cached";
+  // Capture over: the same call hits.
+  arcpool_allocation_t* hit = allocate(kBlock, s_);
+  EXPECT_EQ(before.cache_hits + 1, stats().cache_hits);
+  EXPECT_OK(arcpool_deallocate_async(hit, s_, 0));
+  arcpool_allocation_release(hit);
+}
+
+TEST_P(FastPath, ACacheHitCountsInEveryStatisticAnAllocationMoves) {
+  warm();
+  const arcpool_stats_t before = stats();
+  arcpool_allocation_t* a = allocate(kBlock, s_);
+  const arcpool_stats_t during = stats();
+  EXPECT_EQ(before.cache_hits + 1, during.cache_hits);
+  EXPECT_EQ(before.allocations + 1, during.allocations);
+  EXPECT_EQ(before.bytes_in_use_current + kBlock, during.bytes_in_use_current);
+  EXPECT_EQ(before.allocations_in_use_current + 1, during.allocations_in_use_current);
+  EXPECT_EQ(before.bytes_cached_current - kBlock, during.bytes_cached_current);
+  EXPECT_EQ(before.bytes_held_current, during.bytes_held_current) << "no pool allocation";
+  EXPECT_GE(during.bytes_in_use_peak, kBlock);
+  ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+  const arcpool_stats_t after = stats();
+  EXPECT_EQ(before.deallocations + 1, after.deallocations);
+  EXPECT_EQ(before.same_stream_frees + 1, after.same_stream_frees);
+  EXPECT_EQ(before.cache_frees + 1, after.cache_frees);
+  EXPECT_EQ(before.bytes_in_use_current, after.bytes_in_use_current);
+  EXPECT_EQ(before.allocations_in_use_current, after.allocations_in_use_current);
+  EXPECT_EQ(before.bytes_cached_current, after.bytes_cached_current);
+}
+
+TEST_P(FastPath, RecordsReleasedOnAnotherThreadServeLaterAllocations) {
+  // Records allocated here, released on other threads (into those threads' free lists), then
+  // allocated and released here again: every record must stay intact and none may leak
+  // (LeakSanitizer runs at exit in the ASan build; TSan watches the hand-off).
+  constexpr int kRounds = 4;
+  constexpr int kPerRound = 64;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<arcpool_allocation_t*> made;
+    for (int i = 0; i < kPerRound; ++i)
+      made.push_back(allocate(kBlock + 256 * i, s_));
+    std::thread other([&] {
+      for (arcpool_allocation_t* a : made) {
+        EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+        arcpool_allocation_release(a);
+      }
+    });
+    other.join();
+    for (int i = 0; i < kPerRound; ++i) {
+      arcpool_allocation_t* a = allocate(kBlock + 256 * i, s_);
+      EXPECT_EQ(kBlock + 256 * i, arcpool_allocation_size(a));
+      EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+      arcpool_allocation_release(a);
+    }
+  }
+  sync(s_);
+  EXPECT_EQ(0u, stats().allocations_in_use_current);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(FastPath);
+
+}  // namespace
+}  // namespace arcpool::test
