@@ -6,10 +6,10 @@
 
 namespace arcpool::detail {
 
-allocation::allocation(allocator& owner_allocator, params p)
+allocation::allocation(allocator& owner_allocator, const params& p)
     : arcpool_allocation(this, 0, p.size, false),
       owner(owner_allocator),
-      placement(std::move(p)),
+      placement(p),
       current(placement.origin) {}
 
 void allocation::release() noexcept {

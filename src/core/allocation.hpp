@@ -60,7 +60,7 @@ class allocation final : public arcpool_allocation {
     void* on_free_user_data = nullptr;
   };
 
-  allocation(allocator& owner, params p);
+  allocation(allocator& owner, const params& p);
 
   /// Records come from the calling thread's free list of record-sized blocks, not the heap.
   static void* operator new(size_t n) {

@@ -67,8 +67,12 @@ class allocator {
   arcpool_status_t deallocate(allocation& a, stream_handle s, uint32_t flags);
   /// Deallocates on the allocation's current stream (what a dropped last claim does).
   arcpool_status_t deallocate_on_current(allocation& a);
-  arcpool_status_t preserve(allocation& a);
-  arcpool_status_t discard(allocation& a, bool* was_last);
+  arcpool_status_t preserve(allocation& a) {
+    return ownership_failure(a, a.owners.preserve(), "preserve");
+  }
+  arcpool_status_t discard(allocation& a, bool* was_last) {
+    return ownership_failure(a, a.owners.discard(was_last), "discard");
+  }
   arcpool_status_t transfer(allocation& a, stream_handle to);
   /// `flags`: arcpool_record_use_flags_t.
   arcpool_status_t record_use(allocation& a, stream_handle s, uint32_t flags);
@@ -178,6 +182,17 @@ class allocator {
   void synchronize_known_streams();
   /// Accepts the deallocation (ownership transition, stats, the log's free row on `stream`).
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream);
+  /// commit with the calling thread's stats shard, looked up by the caller.
+  arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream,
+                          stats::local& st);
+  /// Whether finish_deallocation would take the same-stream route for a deallocation without
+  /// flags by `caller`: arcpool's own memory of a determinate lifetime, no use records, and
+  /// the caller is its origin and current stream, alive and nameable from this thread.
+  static bool is_same_stream_free(const allocation& a, const stream_ref& caller) noexcept {
+    return !a.external() && !a.indeterminate() && a.placement.size != 0 && a.uses.empty() &&
+           caller.id == a.placement.origin.id && a.current.id == caller.id && !caller.retired() &&
+           !a.current.retired() && caller.reachable();
+  }
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
   arcpool_status_t try_pool_allocate(size_t bytes, const stream_ref& s, void** out);

@@ -110,14 +110,6 @@ arcpool_status_t allocator::describe_ownership_failure(const allocation& a, owne
   return ARCPOOL_STATUS_INVALID_ARGUMENT;
 }
 
-arcpool_status_t allocator::preserve(allocation& a) {
-  return ownership_failure(a, a.owners.preserve(), "preserve");
-}
-
-arcpool_status_t allocator::discard(allocation& a, bool* was_last) {
-  return ownership_failure(a, a.owners.discard(was_last), "discard");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Deallocation (design.md §4)
 
@@ -140,6 +132,12 @@ allocator::route allocator::choose_route(const allocation& a, const stream_ref& 
 }
 
 arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, stream_handle stream) {
+  stats::local st = stats_.here();
+  return commit(a, force, implicit, stream, st);
+}
+
+arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, stream_handle stream,
+                                   stats::local& st) {
   if (implicit) {
     if (!a.owners.accept_implicit_free()) {
       return ownership_failure(a, ownership_result::already_deallocated, "implicit free");
@@ -148,7 +146,6 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
     ARCPOOL_RETURN_IF_ERROR(
         ownership_failure(a, a.owners.accept_deallocation(force), "deallocate"));
   }
-  stats::local st = stats_.here();
   st.count(implicit ? stat::implicit_frees : stat::deallocations);
   if (a.current_fence) a.current_fence = fence_ref();  // its fences were collected already
   if (log_.enabled() && !a.external()) {
@@ -168,7 +165,8 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   // The waits first: if one fails nothing has changed (a wait is harmless if the commit then
   // fails).
   if (!fences.empty()) ARCPOOL_RETURN_IF_ERROR(wait_all(target, fences));
-  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
+  stats::local st = stats_.here();
+  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle, st));
   if (!a.uses.empty()) a.uses.clear();
   if (config_.before_free != nullptr) {
     config_.before_free(a.placement.base, a.placement.held_bytes, target,
@@ -177,7 +175,6 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   // Every wait the block needs is enqueued on `target`: its cache may keep it (§4).
   if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment) &&
       target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
-    stats::local st = stats_.here();
     st.count(stat::cache_frees);
     st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
     driver_->note_release(a.placement.base, a.placement.held_bytes, target);
@@ -186,8 +183,8 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   // Only a broken context fails here, after the commit: the block is then lost with it.
   const arcpool_status_t status =
       driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
-  stats_.sub(stat::bytes_held, a.placement.held_bytes);
-  if (status == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::frees);
+  st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
+  if (status == ARCPOOL_STATUS_SUCCESS) st.count(stat::frees);
   return status;
 }
 
@@ -308,6 +305,15 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
   std::unique_lock<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(
       a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
+  // The fast path's free: arcpool's own memory, used on its origin stream alone and freed
+  // there (the same-stream route of finish_deallocation, without its other cases).
+  if (flags == 0 && is_same_stream_free(a, caller)) {
+    ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
+    ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, /*force=*/false, /*implicit=*/false,
+                                            caller.handle, cache_for(caller), fence_list()));
+    stats_.count(stat::same_stream_frees);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
 }
 

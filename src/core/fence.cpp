@@ -24,7 +24,7 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
   fence* f = nullptr;
   {
     shard& mine = shards_[thread_shard().index];
-    std::lock_guard<std::mutex> lock(mine.mutex);
+    std::lock_guard<spinlock> lock(mine.mutex);
     if (!mine.free.empty()) {
       f = mine.free.back();
       mine.free.pop_back();
@@ -56,7 +56,7 @@ size_t event_pool::events_created() const {
 void event_pool::recycle(fence* f) noexcept {
   {
     shard& s = shards_[thread_shard().index];
-    std::lock_guard<std::mutex> lock(s.mutex);
+    std::lock_guard<spinlock> lock(s.mutex);
     if (s.free.size() < shard_capacity_) {
       s.free.push_back(f);
       return;

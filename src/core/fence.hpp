@@ -10,6 +10,7 @@
 #include "support/refcount.hpp"
 #include "support/shards.hpp"
 #include "support/small_vector.hpp"
+#include "support/spinlock.hpp"
 
 namespace arcpool::detail {
 
@@ -66,10 +67,14 @@ class event_pool {
   friend class fence;
   void recycle(fence* f) noexcept;
 
+  /// One thread shard's free events (a fence released on another thread joins that thread's
+  /// shard). A spinlock: its holder only pushes or pops, and it is almost never contended.
   struct alignas(64) shard {
-    std::mutex mutex;
+    spinlock mutex;
     std::vector<fence*> free;
   };
+  static_assert(alignof(shard) == 64 && sizeof(shard) % 64 == 0,
+                "each thread's event shard fills whole cache lines of its own");
 
   driver& driver_;
   const size_t shard_capacity_;

@@ -2,36 +2,6 @@
 
 namespace arcpool::detail {
 
-ownership_result ownership::preserve() noexcept {
-  uint64_t word = word_.load(std::memory_order_relaxed);
-  for (;;) {
-    const snapshot s = unpack(word);
-    if (s.st == ARCPOOL_ALLOCATION_UNOWNED) return ownership_result::not_owner;
-    if (s.st != ARCPOOL_ALLOCATION_LIVE) return ownership_result::already_deallocated;
-    if (s.owners == UINT32_MAX) return ownership_result::overflow;
-    // Relaxed success: adding a claim publishes nothing; the caller already holds one.
-    if (word_.compare_exchange_weak(word, word + 1, std::memory_order_relaxed)) {
-      return ownership_result::ok;
-    }
-  }
-}
-
-ownership_result ownership::discard(bool* was_last) noexcept {
-  uint64_t word = word_.load(std::memory_order_relaxed);
-  for (;;) {
-    const snapshot s = unpack(word);
-    if (s.st == ARCPOOL_ALLOCATION_UNOWNED) return ownership_result::not_owner;
-    if (s.st != ARCPOOL_ALLOCATION_LIVE) return ownership_result::already_deallocated;
-    const bool last = s.owners == 1;
-    const uint64_t next = last ? pack(ARCPOOL_ALLOCATION_UNOWNED, 0) : word - 1;
-    if (word_.compare_exchange_weak(word, next, std::memory_order_acq_rel,
-                                    std::memory_order_relaxed)) {
-      *was_last = last;
-      return ownership_result::ok;
-    }
-  }
-}
-
 ownership_result ownership::check_deallocation(snapshot s, bool force) noexcept {
   switch (s.st) {
     case ARCPOOL_ALLOCATION_LIVE:

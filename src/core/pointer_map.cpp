@@ -5,11 +5,11 @@
 namespace arcpool::detail {
 
 void pointer_map::insert(allocation* a) {
-  std::unique_lock<std::shared_mutex> lock(mutex_);
+  std::lock_guard<spinlock> lock(mutex_);
   by_start_[reinterpret_cast<uintptr_t>(a->placement.data)] = a;
 }
 
-std::map<uintptr_t, allocation*>::const_iterator pointer_map::containing(const void* p) const {
+pointer_map::map::const_iterator pointer_map::containing(const void* p) const {
   const auto address = reinterpret_cast<uintptr_t>(p);
   auto it = by_start_.upper_bound(address);
   if (it == by_start_.begin()) return by_start_.end();
@@ -18,7 +18,7 @@ std::map<uintptr_t, allocation*>::const_iterator pointer_map::containing(const v
 }
 
 allocation* pointer_map::find(const void* p) const {
-  std::shared_lock<std::shared_mutex> lock(mutex_);
+  std::lock_guard<spinlock> lock(mutex_);
   const auto it = containing(p);
   if (it == by_start_.end()) return nullptr;
   it->second->retain();
@@ -26,7 +26,7 @@ allocation* pointer_map::find(const void* p) const {
 }
 
 allocation* pointer_map::take(const void* p) {
-  std::unique_lock<std::shared_mutex> lock(mutex_);
+  std::lock_guard<spinlock> lock(mutex_);
   const auto it = containing(p);
   if (it == by_start_.end()) return nullptr;
   allocation* a = it->second;

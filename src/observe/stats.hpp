@@ -41,6 +41,10 @@ class stats {
     std::atomic<int64_t> peak{0};
     std::atomic<int64_t> threshold{0};
   };
+  static_assert(alignof(shard) == 64 && sizeof(shard) % 64 == 0,
+                "each thread's stats shard fills whole cache lines of its own");
+  static_assert(alignof(gauge_total) == 64 && sizeof(gauge_total) == 64,
+                "each gauge's total is alone on its cache line");
 
  public:
   /// Byte gauges flush per-thread changes beyond this many bytes (count gauges: 64).
@@ -123,9 +127,6 @@ class stats {
   shard shards_[kShards];
   gauge_total totals_[stat::kGauges];
 };
-
-static_assert(alignof(stats) == 64 && sizeof(stats) % 64 == 0,
-              "each thread's stats shard fills whole cache lines of its own");
 
 /// The C struct as one JSON object.
 std::string stats_to_json(const arcpool_stats_t& s);

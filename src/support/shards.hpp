@@ -35,6 +35,10 @@ struct alignas(64) padded {
   T value{};
 };
 
+static_assert(alignof(padded<std::atomic<int64_t>>) == 64 &&
+                  sizeof(padded<std::atomic<int64_t>>) == 64,
+              "a padded shard value is alone on its cache line");
+
 /// Adds `n` to `v`, owned by the calling thread alone or shared.
 inline void shard_add(std::atomic<int64_t>& v, int64_t n, bool exclusive,
                       std::memory_order order = std::memory_order_relaxed) noexcept {
