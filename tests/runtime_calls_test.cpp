@@ -1,0 +1,137 @@
+// The CUDA runtime calls each hot operation makes on the CUDA driver, counted by simcuda
+// (docs/performance.md lists them with the reason each one stays). A call added to the fast
+// path fails here. Runs on simcuda only: the real runtime has no call counters.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "arcpool/arcpool.h"
+#include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
+
+namespace arcpool::test {
+namespace {
+
+/// The runtime functions the CUDA driver calls on its hot paths.
+const char* const kFunctions[] = {"cudaGetDevice",
+                                  "cudaSetDevice",
+                                  "cudaStreamIsCapturing",
+                                  "cudaStreamGetId",
+                                  "cudaEventRecord",
+                                  "cudaStreamWaitEvent",
+                                  "cudaEventCreateWithFlags",
+                                  "cudaEventQuery",
+                                  "cudaMallocFromPoolAsync",
+                                  "cudaFreeAsync",
+                                  "cudaStreamSynchronize",
+                                  "cudaGetLastError",
+                                  "cudaPeekAtLastError",
+                                  "cudaThreadExchangeStreamCaptureMode"};
+
+using call_counts = std::map<std::string, uint64_t>;
+
+/// The calls `op` makes, by function (zero counts left out).
+call_counts calls_of(const std::function<void()>& op) {
+  reset_simcuda_calls();
+  op();
+  call_counts counts;
+  for (const char* f : kFunctions) {
+    if (const uint64_t n = simcuda_calls(f); n != 0) counts[f] = n;
+  }
+  return counts;
+}
+
+std::string describe(const call_counts& counts) {
+  std::string text;
+  for (const auto& [f, n] : counts)
+    text += f + "=" + std::to_string(n) + " ";
+  return text.empty() ? "(none)" : text;
+}
+
+class RuntimeCalls : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!on_simcuda()) {
+      GTEST_SKIP() << "counts CUDA runtime calls through simcuda's counters: run it on the "
+                      "simcuda presets (tools/simcuda-test)";
+    }
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_CUDA;
+    ASSERT_OK(arcpool_allocator_create(&options, &alloc_));
+    ASSERT_OK(arcpool_stream_create(alloc_, &s_));
+    ASSERT_OK(arcpool_stream_create(alloc_, &t_));
+    // Warm: the streams are in this thread's stream cache, a block of kBytes is cached on s_,
+    // and the event pool holds events.
+    arcpool_allocation_t* a = nullptr;
+    ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s_, 0, &a));
+    ASSERT_OK(arcpool_transfer(a, t_));
+    ASSERT_OK(arcpool_transfer(a, s_));
+    ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+    ASSERT_OK(arcpool_allocation_release(a));
+    ASSERT_OK(arcpool_stream_synchronize(alloc_, s_));
+    ASSERT_OK(arcpool_stream_synchronize(alloc_, t_));
+  }
+  void TearDown() override {
+    if (alloc_ == nullptr) return;
+    EXPECT_OK(arcpool_stream_destroy(alloc_, s_));
+    EXPECT_OK(arcpool_stream_destroy(alloc_, t_));
+    arcpool_allocator_destroy(alloc_);
+    EXPECT_EQ("", take_simcuda_violations());
+  }
+
+  /// Checks the calls of `op` and prints them (the table in docs/performance.md).
+  void expect_calls(const char* what, const call_counts& expected,
+                    const std::function<void()>& op) {
+    const call_counts measured = calls_of(op);
+    std::printf("runtime calls of %s: %s\n", what, describe(measured).c_str());
+    EXPECT_EQ(describe(expected), describe(measured)) << what;
+  }
+
+  static constexpr size_t kBytes = 4096;
+  arcpool_allocator_t* alloc_ = nullptr;
+  arcpool_stream_t s_ = nullptr;
+  arcpool_stream_t t_ = nullptr;
+};
+
+TEST_F(RuntimeCalls, OfEachHotOperation) {
+  arcpool_allocation_t* a = nullptr;
+  // A cache hit: the capture check, in the pool's device.
+  expect_calls("allocate_async (cache hit)", {{"cudaGetDevice", 1}, {"cudaStreamIsCapturing", 1}},
+               [&] { ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s_, 0, &a)); });
+  expect_calls("allocation_preserve + allocation_discard", {}, [&] {
+    ASSERT_OK(arcpool_allocation_preserve(a));
+    ASSERT_OK(arcpool_allocation_discard(a, nullptr));
+  });
+  // record_use of a created stream: its fence is taken at deallocation, nothing now but the
+  // capture check.
+  expect_calls("record_use (created stream)", {{"cudaGetDevice", 1}, {"cudaStreamIsCapturing", 1}},
+               [&] { ASSERT_OK(arcpool_record_use(a, t_)); });
+  // transfer to s_: the receiver's capture check, a fence on each donor (t_ recorded as a use;
+  // the current stream is s_ itself, so only t_), the receiver's wait.
+  expect_calls("transfer",
+               {{"cudaEventRecord", 1},
+                {"cudaGetDevice", 4},
+                {"cudaStreamIsCapturing", 2},
+                {"cudaStreamWaitEvent", 1}},
+               [&] { ASSERT_OK(arcpool_transfer(a, t_)); });
+  ASSERT_OK(arcpool_transfer(a, s_));
+  // A same-stream free into the cache: the capture check only.
+  expect_calls("deallocate_async (same stream, cached) + allocation_release",
+               {{"cudaGetDevice", 1}, {"cudaStreamIsCapturing", 1}}, [&] {
+                 ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+                 ASSERT_OK(arcpool_allocation_release(a));
+               });
+  void* p = nullptr;
+  expect_calls("allocator_malloc_async + allocator_free_async (cache hit)",
+               {{"cudaGetDevice", 2}, {"cudaStreamIsCapturing", 2}}, [&] {
+                 ASSERT_OK(arcpool_allocator_malloc_async(alloc_, kBytes, 0, s_, &p));
+                 ASSERT_OK(arcpool_allocator_free_async(alloc_, p, s_));
+               });
+}
+
+}  // namespace
+}  // namespace arcpool::test
