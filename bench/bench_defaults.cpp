@@ -1,3 +1,5 @@
+// Shared setup of the Google Benchmark suites. Uses one internal on purpose: the driver's
+// device probe (drivers/driver.hpp), so that a suite can say why it skips without a GPU.
 #include "bench_defaults.hpp"
 
 #include <cstdio>

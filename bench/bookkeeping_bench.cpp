@@ -1,7 +1,8 @@
 // arcpool's own bookkeeping on the null driver (no CUDA calls, fake addresses), where a few
 // nanoseconds are visible (design.md §13). Baseline in the same binary: the null driver's raw
 // pool_allocate + pool_free. Targets (issue 4): ≤ 50 ns median per operation; preserve /
-// discard ≤ 10 ns uncontended and ≤ 40 ns at 4 threads.
+// discard ≤ 10 ns uncontended and ≤ 40 ns at 4 threads. Uses internals on purpose: the null
+// driver itself for the baseline (detail::from_handle) and the NVTX guard alone.
 #include <benchmark/benchmark.h>
 
 #include <vector>

@@ -24,7 +24,8 @@ constexpr size_t kBytes = 4096;
 /// Exits with the status's message when a call failed: a count of a failing path means nothing.
 void check(arcpool_status_t status, const char* what) {
   if (status != ARCPOOL_STATUS_SUCCESS) {
-    std::fprintf(stderr, "%s: %s (%s)\n", what, arcpool_status_string(status), arcpool_last_error());
+    std::fprintf(stderr, "%s: %s (%s)\n", what, arcpool_status_string(status),
+                 arcpool_last_error());
     std::exit(2);
   }
 }
@@ -86,7 +87,8 @@ void transfer(arcpool_allocator_t* a, arcpool_stream_t s, arcpool_stream_t other
 
 void record_use(arcpool_allocator_t* a, arcpool_stream_t s, arcpool_stream_t other, long n) {
   with_allocation(a, s, [&](arcpool_allocation_t* x) {
-    for (long i = 0; i < n; ++i) check(arcpool_record_use(x, other), "arcpool_record_use");
+    for (long i = 0; i < n; ++i)
+      check(arcpool_record_use(x, other), "arcpool_record_use");
   });
 }
 
@@ -116,7 +118,8 @@ void run_row(arcpool_allocator_t* a, const std::string& row, long n) {
 int main(int argc, char** argv) {
   const char* rows[] = {"pair", "by_pointer", "preserve_discard", "transfer", "record_use"};
   bool known = false;
-  for (const char* r : rows) known = known || (argc >= 3 && std::strcmp(argv[1], r) == 0);
+  for (const char* r : rows)
+    known = known || (argc >= 3 && std::strcmp(argv[1], r) == 0);
   const long n = argc >= 3 ? std::strtol(argv[2], nullptr, 10) : 0;
   const long threads = argc >= 4 ? std::strtol(argv[3], nullptr, 10) : 1;
   if (!known || n <= 0 || threads <= 0 || argc > 4) {
@@ -133,8 +136,10 @@ int main(int argc, char** argv) {
   check(arcpool_allocator_create(&options, &a), "arcpool_allocator_create");
   const std::string row = argv[1];
   std::vector<std::thread> workers;
-  for (long t = 0; t < threads; ++t) workers.emplace_back([&] { run_row(a, row, n); });
-  for (std::thread& w : workers) w.join();
+  for (long t = 0; t < threads; ++t)
+    workers.emplace_back([&] { run_row(a, row, n); });
+  for (std::thread& w : workers)
+    w.join();
   arcpool_allocator_destroy(a);
   return 0;
 }

@@ -6,7 +6,8 @@
 //   arcpool-replay [--driver auto|cuda|host|null] [--capacity BYTES] [--json FILE] TRACE...
 //
 // On the host driver the pool hands out address space with no backing memory (the traces'
-// footprints reach 24 GB), under a simulated capacity (default 64 GiB).
+// footprints reach 24 GB), under a simulated capacity (default 64 GiB). Uses one internal on
+// purpose: the allocator's driver (detail::from_handle), to replay the same trace on the raw pool.
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
