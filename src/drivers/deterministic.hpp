@@ -48,6 +48,10 @@ arcpool_status_t wait_stream(driver& d, stream_handle waiter, stream_handle targ
 /// blocking call that needs `s` reports a deadlock instead of waiting forever.
 arcpool_status_t hold(driver& d, stream_handle s, std::shared_ptr<const std::atomic<bool>> open);
 
+/// Tasks queued on `s` so far (tests prove arcpool never touched a stream with it); 0 for a
+/// stream the driver does not know.
+uint64_t enqueued(const driver& d, stream_handle s);
+
 /// Every violation found so far, each naming the operations involved.
 std::vector<std::string> violations(const driver& d);
 

@@ -59,6 +59,7 @@ struct det_stream {
   size_t slot = 0;  // index in the vector clocks
   vclock clock;
   std::deque<task> queue;
+  uint64_t enqueued = 0;  // tasks ever queued
   bool capturing = false;
   std::string name() const { return "stream " + std::to_string(id); }
 };
@@ -316,6 +317,11 @@ class deterministic_driver final : public driver {
 
   std::vector<std::string> violations() const { return violations_; }
 
+  uint64_t enqueued_on(stream_handle s) const {
+    const det_stream* st = find(s);
+    return st == nullptr ? 0 : st->enqueued;
+  }
+
  private:
   det_stream* new_stream() {
     auto s = std::make_unique<det_stream>();
@@ -368,6 +374,7 @@ class deterministic_driver final : public driver {
   void push(det_stream& st, task t) {
     t.host = host_clock_;
     st.queue.push_back(std::move(t));
+    ++st.enqueued;
   }
 
   bool all_empty() const {
@@ -564,6 +571,11 @@ arcpool_status_t hold(driver& d, stream_handle s, std::shared_ptr<const std::ato
   deterministic_driver* dd = as_deterministic(d);
   if (dd == nullptr) return fail(ARCPOOL_STATUS_UNSUPPORTED, "hold: not a deterministic driver");
   return dd->hold(s, std::move(open));
+}
+
+uint64_t enqueued(const driver& d, stream_handle s) {
+  const auto* dd = dynamic_cast<const deterministic_driver*>(&d);
+  return dd == nullptr ? 0 : dd->enqueued_on(s);
 }
 
 std::vector<std::string> violations(const driver& d) {

@@ -238,15 +238,26 @@ void DriverTest::expect_pending(size_t items, uint64_t pending_bytes, uint64_t f
   EXPECT_EQ(frees, st.frees) << "blocks returned to the pool";
 }
 
+uint64_t DriverTest::work_enqueued(arcpool_stream_t s) const {
+  if (deterministic()) return detail::deterministic::enqueued(core().drv(), s);
+  if (on_host()) {
+    const auto hs = detail::host_stream_find(s);
+    return hs ? hs->enqueued() : 0;
+  }
+  return 0;
+}
+
 std::vector<DriverTest::enqueued_free> DriverTest::frees_enqueued() const {
   std::lock_guard<std::mutex> lock(free_log_->mutex);
   return free_log_->frees;
 }
 
-std::vector<arcpool_stream_t> DriverTest::streams_that_freed(const void* block) const {
+std::vector<arcpool_stream_t> DriverTest::streams_that_freed(const void* block,
+                                                             size_t since) const {
+  const std::vector<enqueued_free> all = frees_enqueued();
   std::vector<arcpool_stream_t> streams;
-  for (const enqueued_free& f : frees_enqueued()) {
-    if (f.block == block) streams.push_back(f.stream);
+  for (size_t i = since; i < all.size(); ++i) {
+    if (all[i].block == block) streams.push_back(all[i].stream);
   }
   return streams;
 }

@@ -165,8 +165,15 @@ class DriverTest : public ::testing::TestWithParam<driver_param> {
   /// Every pool free enqueued so far, in order. Recorded through the allocator's before_free
   /// hook, which the fixture sets before customize() (a suite that sets its own has none).
   std::vector<enqueued_free> frees_enqueued() const;
-  /// The streams the frees of `block` were enqueued on, in order.
-  std::vector<arcpool_stream_t> streams_that_freed(const void* block) const;
+  /// The streams the frees of `block` were enqueued on, in order, from the `since`-th free on
+  /// (frees_enqueued().size() read earlier: a pool may hand the same address out again).
+  std::vector<arcpool_stream_t> streams_that_freed(const void* block, size_t since = 0) const;
+
+  /// Whether work_enqueued() can count the work queued on a stream (host drivers; not CUDA).
+  bool can_count_work() const { return on_host(); }
+  /// Tasks queued on `s` so far by anyone (host drivers; 0 on CUDA): a test that reads it before
+  /// and after an operation proves the operation never touched `s`.
+  uint64_t work_enqueued(arcpool_stream_t s) const;
 
   /// The placement of `a`.
   arcpool_placement_t placement(const arcpool_allocation_t* a) const;
