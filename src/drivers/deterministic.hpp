@@ -52,6 +52,9 @@ arcpool_status_t hold(driver& d, stream_handle s, std::shared_ptr<const std::ato
 /// stream the driver does not know.
 uint64_t enqueued(const driver& d, stream_handle s);
 
+/// Events created and not yet destroyed (tests prove an event was destroyed, not leaked).
+size_t live_events(const driver& d);
+
 /// Every violation found so far, each naming the operations involved.
 std::vector<std::string> violations(const driver& d);
 

@@ -168,9 +168,13 @@ class deterministic_driver final : public driver {
   arcpool_status_t event_create(event_handle* out) override {
     ARCPOOL_RETURN_IF_ERROR(check_not_in_work("event_create"));
     *out = new det_event();
+    ++live_events_;
     return ARCPOOL_STATUS_SUCCESS;
   }
-  void event_destroy(event_handle e) noexcept override { delete static_cast<det_event*>(e); }
+  void event_destroy(event_handle e) noexcept override {
+    delete static_cast<det_event*>(e);
+    --live_events_;
+  }
   arcpool_status_t event_record(event_handle e, stream_handle s) override {
     det_stream* st = nullptr;
     ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "event_record", &st));
@@ -316,6 +320,8 @@ class deterministic_driver final : public driver {
   }
 
   std::vector<std::string> violations() const { return violations_; }
+
+  size_t live_events() const { return live_events_; }
 
   uint64_t enqueued_on(stream_handle s) const {
     const det_stream* st = find(s);
@@ -529,6 +535,7 @@ class deterministic_driver final : public driver {
   size_t reserved_ = 0;
   size_t peak_ = 0;
   bool in_work_ = false;
+  size_t live_events_ = 0;
   vclock host_clock_;  // what the (single) host thread has observed complete
   std::vector<std::string> violations_;
 };
@@ -571,6 +578,11 @@ arcpool_status_t hold(driver& d, stream_handle s, std::shared_ptr<const std::ato
   deterministic_driver* dd = as_deterministic(d);
   if (dd == nullptr) return fail(ARCPOOL_STATUS_UNSUPPORTED, "hold: not a deterministic driver");
   return dd->hold(s, std::move(open));
+}
+
+size_t live_events(const driver& d) {
+  const auto* dd = dynamic_cast<const deterministic_driver*>(&d);
+  return dd == nullptr ? 0 : dd->live_events();
 }
 
 uint64_t enqueued(const driver& d, stream_handle s) {

@@ -1,0 +1,59 @@
+// design.md §6: an event whose record failed (a capture began meanwhile) is destroyed, never
+// returned to the event pool, so that no later fence reuses an event a capture may hold
+// (src/core/fence.cpp; issue 9). On every driver; the deterministic driver also counts the live
+// events, which tells "destroyed" from "leaked".
+#include <gtest/gtest.h>
+
+#include "core/fence.hpp"
+#include "drivers/deterministic.hpp"
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+class EventPool : public DriverTest {
+ protected:
+  void SetUp() override {
+    DriverTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    s_ = make_stream();
+  }
+  size_t live_events() const { return detail::deterministic::live_events(core().drv()); }
+
+  arcpool_stream_t s_ = nullptr;
+};
+
+TEST_P(EventPool, AnEventWhoseRecordFailedIsDestroyedNotPooled) {
+  detail::fence_ref first;
+  ASSERT_OK(core().events().record(s_, 0, &first));
+  first = detail::fence_ref();  // back to the pool: the next record takes this event
+  EXPECT_EQ(1u, core().events().events_created());
+  if (deterministic()) {
+    EXPECT_EQ(1u, live_events());
+  }
+  ASSERT_OK(core().drv().stream_begin_capture(s_));
+  if (!on_host()) {
+    // CUDA records events on a capturing stream (they become captured events); a record fails
+    // once the capture is invalidated, here by synchronizing the capturing stream.
+    EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, core().drv().stream_synchronize(s_));
+  }
+  detail::fence_ref failed;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, core().events().record(s_, 0, &failed))
+      << "the pooled event's record fails on a capturing stream";
+  EXPECT_FALSE(failed);
+  if (deterministic()) {
+    EXPECT_EQ(0u, live_events()) << "the failed event was not destroyed";
+  }
+  core().drv().stream_end_capture(s_);
+  detail::fence_ref next;
+  ASSERT_OK(core().events().record(s_, 0, &next));
+  EXPECT_EQ(2u, core().events().events_created()) << "the failed event was pooled and reused";
+  if (deterministic()) {
+    EXPECT_EQ(1u, live_events());
+  }
+}
+
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(EventPool);
+
+}  // namespace
+}  // namespace arcpool::test
