@@ -9,7 +9,8 @@ def _candidates(name):
     env = os.environ.get("ARCPOOL_LIBRARY_DIR")
     if env:
         yield os.path.join(env, name)
-    yield os.path.join(_HERE, "lib", name)  # build/python/arcpool/lib (the build tree's copy)
+    # arcpool/lib: the installed wheel's (pip install .) or build/python/arcpool/lib's copy
+    yield os.path.join(_HERE, "lib", name)
     root = os.path.dirname(os.path.dirname(_HERE))
     for build in ("build", "build-release", "build-gpu"):
         yield os.path.join(root, build, "python", "arcpool", "lib", name)
@@ -27,8 +28,9 @@ def load(name):
         except OSError as e:
             errors.append(f"{path}: {e}")
     raise ImportError(
-        f"arcpool: cannot load {name}; build arcpool (cmake --workflow --preset default) or set "
-        f"ARCPOOL_LIBRARY_DIR. Tried: " + "; ".join(errors or [name])
+        f"arcpool: cannot load {name}; install arcpool (pip install .), build it (cmake "
+        f"--workflow --preset default) or set ARCPOOL_LIBRARY_DIR. Tried: "
+        + "; ".join(errors or [name])
     )
 
 
