@@ -131,5 +131,42 @@ class TorchDropIn(unittest.TestCase):
         """)
 
 
+def _torch_importable():
+    try:
+        import torch  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@unittest.skipUnless(_torch_importable(), "PyTorch is not installed here")
+class TorchHooksWithoutAGpu(unittest.TestCase):
+    def test_install_sets_every_hook_through_a_setter_torch_has(self):
+        # install() skips a setter this PyTorch lacks (all but record_stream): the pinned torch
+        # (pyproject.toml) must have every one, and each gets the shim's function. Needs no GPU.
+        result = _run("""
+            import ctypes
+            setters = {"set_record_stream_fn": "arcpool_torch_record_stream",
+                       "set_reset_fn": "arcpool_torch_empty_cache",
+                       "set_memory_fraction_fn": "arcpool_torch_set_memory_fraction"}
+            native = torch._C._CUDAPluggableAllocator
+            missing = [name for name in setters if not hasattr(native, name)]
+            assert not missing, f"torch {torch.__version__} lacks {missing}"
+            called = {}
+            for name in setters:
+                def record(self, pointer, _name=name, _set=getattr(native, name)):
+                    called[_name] = pointer
+                    return _set(self, pointer)
+                setattr(native, name, record)
+            allocator, shim = arcpool.torch.install()
+            for name, function in setters.items():
+                expected = ctypes.cast(getattr(shim, function), ctypes.c_void_p).value
+                assert called.get(name) == expected, (name, called.get(name), expected)
+            print("ok", torch.__version__, sorted(called))
+        """)
+        self.assertEqual(0, result.returncode, result.stdout + result.stderr)
+        self.assertIn("ok", result.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()
