@@ -7,7 +7,6 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -32,23 +31,12 @@ class stream_entry {
 
   /// Runs `fn(handle)` while the stream is provably alive (retirement waits for it) and returns
   /// its status; returns nullopt without running it once retired (no status of `fn` can be
-  /// mistaken for retirement). Takes no lock: an in-flight count that retirement waits to
-  /// drain (two atomic operations), and a wait only while a retirement is in progress.
+  /// mistaken for retirement).
   template <class F>
   std::optional<arcpool_status_t> with_alive(F&& fn) {
-    for (;;) {
-      // seq_cst pairs with retire's store of closing_ and load of users_: either this thread
-      // sees closing_, or retire sees this thread's count.
-      users_.fetch_add(1, std::memory_order_seq_cst);
-      if (!closing_.load(std::memory_order_seq_cst)) {
-        const arcpool_status_t status = fn(handle_);
-        users_.fetch_sub(1, std::memory_order_release);
-        return status;
-      }
-      users_.fetch_sub(1, std::memory_order_release);
-      if (!alive_.load(std::memory_order_acquire)) return std::nullopt;
-      std::this_thread::yield();  // a retirement is recording the final fence
-    }
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    if (!alive_.load(std::memory_order_relaxed)) return std::nullopt;
+    return fn(handle_);
   }
 
   /// True until retired. Lock-free: enqueueing still goes through with_alive.
@@ -61,18 +49,18 @@ class stream_entry {
   /// Blocks freed on this stream, kept for its later allocations (the fast path).
   block_cache& cache() noexcept { return cache_; }
 
-  /// The fence recorded at retirement: only after with_alive returned nullopt (null while
-  /// alive).
-  fence_ref final_fence() const { return final_; }
+  /// The fence recorded at retirement (null while alive).
+  fence_ref final_fence() {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    return final_;
+  }
 
  private:
   const stream_handle handle_;
   const uint64_t id_;
   const bool created_;
-  std::mutex retire_mutex_;           ///< one retirement at a time
-  std::atomic<uint32_t> users_{0};    ///< with_alive calls in flight
-  std::atomic<bool> closing_{false};  ///< a retirement began (and did not fail)
-  std::atomic<bool> alive_{true};     ///< false once final_ is set
+  std::shared_mutex mutex_;
+  std::atomic<bool> alive_{true};
   fence_ref final_;
   block_cache cache_;
 };
