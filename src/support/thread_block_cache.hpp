@@ -38,25 +38,13 @@ class thread_block_cache {
 
   /// A block of Size bytes; throws std::bad_alloc like operator new.
   static void* allocate() {
-    list& l = this_thread_list();
-    if (kThreadBlockCacheEnabled && l.head != nullptr) {
-      node* n = l.head;
-      l.head = n->next;
-      --l.count;
-      return n;
-    }
-    return ::operator new(Size);
+    void* p = take_cached();
+    return p != nullptr ? p : ::operator new(Size);
   }
   /// As allocate, or null when the heap has no memory.
   static void* allocate(const std::nothrow_t&) noexcept {
-    list& l = this_thread_list();
-    if (kThreadBlockCacheEnabled && l.head != nullptr) {
-      node* n = l.head;
-      l.head = n->next;
-      --l.count;
-      return n;
-    }
-    return ::operator new(Size, std::nothrow);
+    void* p = take_cached();
+    return p != nullptr ? p : ::operator new(Size, std::nothrow);
   }
 
   /// Gives back a block of allocate's, on any thread.
@@ -97,6 +85,15 @@ class thread_block_cache {
       l.count = 0;
     }
   };
+  /// A block from the calling thread's list, or null when it is empty (or bypassed).
+  static void* take_cached() noexcept {
+    list& l = this_thread_list();
+    if (!kThreadBlockCacheEnabled || l.head == nullptr) return nullptr;
+    node* n = l.head;
+    l.head = n->next;
+    --l.count;
+    return n;
+  }
   static void register_exit() noexcept {
     thread_local drain_at_exit drain;
     (void)drain;
