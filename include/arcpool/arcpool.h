@@ -410,7 +410,10 @@ typedef enum arcpool_placement_flags_t {
   /** See ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME. */
   ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME = 1u << 1,
   /** Imported: arcpool never frees the memory; it calls the importer's on_free. */
-  ARCPOOL_PLACEMENT_FLAG_EXTERNAL = 1u << 2
+  ARCPOOL_PLACEMENT_FLAG_EXTERNAL = 1u << 2,
+  /** Graph memory: allocated on a stream capturing a CUDA graph (a graph allocation node, owned
+   * by the graph, not the pool; its address is fixed for the graph's life). docs/graphs.md. */
+  ARCPOOL_PLACEMENT_FLAG_GRAPH = 1u << 3
 } arcpool_placement_flags_t;
 
 /** Version of arcpool_placement_t this header describes. */
@@ -717,8 +720,18 @@ ARCPOOL_API arcpool_status_t arcpool_allocator_log_close(arcpool_allocator_t* al
   X(oom_failures, "allocations that failed with OUT_OF_MEMORY")                       \
   X(reclaim_failures, "deferred frees abandoned because a CUDA call failed")
 
+/** Graph memory (allocations on capturing streams; docs/graphs.md), reported apart from the
+ * pool's: gauges with `_current` and `_peak` fields, then counters, after the pool's figures
+ * (version 2 of arcpool_stats_t; a version 1 caller's struct ends before them). */
+#define ARCPOOL_STATS_GRAPH_GAUGES(X) \
+  X(graph_bytes_in_use, "bytes of live graph allocations (graph memory, not the pool's)")
+#define ARCPOOL_STATS_GRAPH_COUNTERS(X)                                         \
+  X(graph_allocations, "graph allocations (allocations on a capturing stream)") \
+  X(graph_frees, "graph allocations freed in their capture (free nodes)")       \
+  X(graph_deferred_frees, "frees of earlier memory during a capture, deferred to the graph's end")
+
 /** Version of arcpool_stats_t this header describes. */
-#define ARCPOOL_STATS_VERSION 1
+#define ARCPOOL_STATS_VERSION 2
 
 /** Statistics of one allocator (design.md §11). Field list: ARCPOOL_STATS_GAUGES and
  * ARCPOOL_STATS_COUNTERS, then the pool's figures. */
@@ -736,6 +749,14 @@ typedef struct arcpool_stats_t {
   uint64_t pool_reserved_bytes_current; /**< bytes the pool has mapped now */
   uint64_t pool_reserved_bytes_peak;    /**< highest pool_reserved_bytes_current */
   uint64_t pool_used_bytes_current;     /**< bytes of the pool handed out now */
+#define ARCPOOL_STATS_GRAPH_GAUGE_FIELDS_(name, doc) \
+  uint64_t name##_current;                           \
+  uint64_t name##_peak;
+  ARCPOOL_STATS_GRAPH_GAUGES(ARCPOOL_STATS_GRAPH_GAUGE_FIELDS_)
+#undef ARCPOOL_STATS_GRAPH_GAUGE_FIELDS_
+#define ARCPOOL_STATS_GRAPH_COUNTER_FIELDS_(name, doc) uint64_t name;
+  ARCPOOL_STATS_GRAPH_COUNTERS(ARCPOOL_STATS_GRAPH_COUNTER_FIELDS_)
+#undef ARCPOOL_STATS_GRAPH_COUNTER_FIELDS_
 } arcpool_stats_t;
 
 /** Reads the statistics of `allocator`. Never blocks. */

@@ -114,8 +114,8 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   // stream. Stream order makes it safe with no event: every wait it needed was enqueued before
   // it was cached. It takes no lock but the stream cache's spinlock, allocates nothing from the
   // heap (the record comes from the thread's free list) and makes one runtime call, the capture
-  // check. Its budget is tools/instruction-budget's "pair" row, with the same-stream free and
-  // the release.
+  // check (a capturing stream takes allocate_in_capture instead). Its budget is
+  // tools/instruction-budget's "pair" row, with the same-stream free and the release.
   if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
   if (!is_power_of_two(alignment) || alignment > ARCPOOL_MAX_ALIGNMENT) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "alignment %zu is not a power of two up to %zu",
@@ -126,7 +126,9 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   }
   allocation::params p;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &p.origin));
-  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(p.origin, "allocate"));
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
+  if (capturing) return allocate_in_capture(size, alignment, flags, p.origin, out);
   p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS;
   if (flags & ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME) {
     p.placement_flags |= ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;

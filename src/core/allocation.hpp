@@ -58,6 +58,7 @@ class allocation final : public arcpool_allocation {
     size_t held_bytes = 0;  ///< bytes taken from the pool for it (0 for imports)
     arcpool_on_free_t on_free = nullptr;
     void* on_free_user_data = nullptr;
+    uint64_t capture_id = 0;  ///< graph memory: the capture sequence that allocated it
   };
 
   allocation(allocator& owner, const params& p);
@@ -101,6 +102,7 @@ class allocation final : public arcpool_allocation {
   bool external() const noexcept {
     return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_EXTERNAL;
   }
+  bool graph() const noexcept { return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_GRAPH; }
 
   /// Adds a reference (R).
   void retain() noexcept { refs.increment(); }

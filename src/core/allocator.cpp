@@ -33,7 +33,7 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
     : config_(config),
       driver_(std::move(drv)),
       events_(*driver_, config.event_pool_capacity),
-      reclaimer_(*driver_, stats_, config.before_free, config.before_free_user_data) {
+      reclaimer_(*driver_, events_, stats_, config.before_free, config.before_free_user_data) {
   // A hard limit is enforced on the exact total of held bytes.
   hard_limit_.store(config_.hard_limit_bytes, std::memory_order_relaxed);
   if (config_.hard_limit_bytes != 0) stats_.set_flush_threshold(stat::bytes_held, 0);
@@ -91,14 +91,10 @@ arcpool_status_t allocator::resolve_stream_slow(stream_handle s, stream_ref* out
   out->kind = kind_of(s);
   out->thread = out->kind == stream_kind::per_thread_default ? this_thread_serial() : 0;
   // Capture first: whether cudaStreamGetId is legal on a capturing stream is undocumented
-  // (CCCL treats the query as invalidating the capture), and arcpool refuses such streams.
+  // (CCCL treats the query as invalidating the capture), so arcpool does not ask then.
   bool capturing = false;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
-  if (capturing) {
-    return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                "stream %p is capturing a CUDA graph; arcpool does not support graph capture yet",
-                static_cast<void*>(s));
-  }
+  if (capturing) return resolve_capturing_stream(s, out);
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_id(s, &out->id));
   out->entry = out->kind == stream_kind::application ? streams_.find(out->id) : nullptr;
   if (out->entry != nullptr || out->kind != stream_kind::application) {
@@ -109,10 +105,11 @@ arcpool_status_t allocator::resolve_stream_slow(stream_handle s, stream_ref* out
 }
 
 arcpool_status_t allocator::capturing_failure(const stream_ref& s, const char* what) {
-  return fail(ARCPOOL_STATUS_UNSUPPORTED,
-              "%s: stream %p (id %llu) is capturing a CUDA graph; arcpool does not support "
-              "graph capture yet",
-              what, static_cast<void*>(s.handle), static_cast<unsigned long long>(s.id));
+  return fail(ARCPOOL_STATUS_UNSUPPORTED, "%s: stream %p (id %llu) is capturing a CUDA graph; %s",
+              what, static_cast<void*>(s.handle), static_cast<unsigned long long>(s.id),
+              driver_->supports_graphs()
+                  ? "arcpool supports only allocate and deallocate there (docs/graphs.md)"
+                  : "this driver builds no graphs, so arcpool supports nothing there");
 }
 
 arcpool_status_t allocator::create_stream(stream_handle* out) {

@@ -132,6 +132,22 @@ class allocator {
     return resolve_stream_slow(s, out);
   }
   arcpool_status_t resolve_stream_slow(stream_handle s, stream_ref* out);
+
+  // --- Graph capture (capture.cpp, docs/graphs.md) --------------------------------------
+  friend struct graph_gate;
+  /// resolve_stream_slow for a capturing stream: only created and registered streams, found
+  /// by handle (whether cudaStreamGetId is legal during capture is undocumented).
+  arcpool_status_t resolve_capturing_stream(stream_handle s, stream_ref* out);
+  /// An allocation on the capturing stream `origin`: a graph allocation node.
+  arcpool_status_t allocate_in_capture(size_t size, size_t alignment, uint32_t flags,
+                                       const stream_ref& origin, allocation** out);
+  /// A deallocation whose caller is capturing: a free node for a graph allocation of this
+  /// capture; for earlier memory, a free deferred until the graph's life ends.
+  arcpool_status_t deallocate_in_capture(allocation& a, const stream_ref& caller, bool force,
+                                         bool implicit);
+  /// Orders later work on `to` after the work captured on `from` so far (both in one capture):
+  /// a captured event record and wait, on an event never used again.
+  arcpool_status_t capture_edge(stream_handle from, stream_handle to);
   /// UNSUPPORTED (naming `what`) when `s` is capturing: one runtime call on the CUDA driver.
   arcpool_status_t check_not_capturing(const stream_ref& s, const char* what) {
     bool capturing = false;

@@ -152,7 +152,9 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
     log_.write("free", a.placement.data, a.placement.size, stream);
   }
   nvtx::forget_region(a.placement.data);
-  if (!a.external()) {
+  if (a.graph()) {
+    st.sub(stat::graph_bytes_in_use, static_cast<int64_t>(a.placement.size));
+  } else if (!a.external()) {
     st.sub(stat::bytes_in_use, static_cast<int64_t>(a.placement.size));
     st.sub(stat::allocations_in_use, 1);
   }
@@ -172,7 +174,9 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
     config_.before_free(a.placement.base, a.placement.held_bytes, target,
                         config_.before_free_user_data);
   }
-  // Every wait the block needs is enqueued on `target`: its cache may keep it (§4).
+  // Every wait the block needs is enqueued on `target`: its cache may keep it (§4), unless it
+  // is graph memory (never lent as pool memory).
+  if (a.graph()) target_cache = nullptr;
   if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment) &&
       target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
     st.count(stat::cache_frees);
@@ -183,7 +187,7 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   // Only a broken context fails here, after the commit: the block is then lost with it.
   const arcpool_status_t status =
       driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
-  st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
+  if (!a.graph()) st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
   if (status == ARCPOOL_STATUS_SUCCESS) st.count(stat::frees);
   return status;
 }
@@ -234,7 +238,11 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   // on it and the reclaimer frees once its fences completed. Every other route fences or frees
   // on the caller's stream.
   const bool caller_usable = !caller.retired() && caller.reachable();
-  if (caller_usable) ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
+  if (caller_usable) {
+    bool capturing = false;
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(caller.handle, &capturing));
+    if (capturing) return deallocate_in_capture(a, caller, force, implicit);
+  }
   route r =
       a.current.retired() || !caller_usable ? route::deferred : choose_route(a, caller, flags);
   const stream_ref& origin = a.placement.origin;
@@ -285,6 +293,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   item.fences = std::move(fences);
   item.origin = origin;
   item.routed_to_origin = true;
+  item.graph = a.graph();
   a.uses.clear();
   lock.unlock();
   reclaimer_.enqueue(std::move(item));
@@ -307,12 +316,16 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
       a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
   // The fast path's free: arcpool's own memory, used on its origin stream alone and freed
   // there (the same-stream route of finish_deallocation, without its other cases).
+  // A capturing caller takes finish_deallocation's capture path.
   if (flags == 0 && is_same_stream_free(a, caller)) {
-    ARCPOOL_RETURN_IF_ERROR(check_not_capturing(caller, "deallocate"));
-    ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, /*force=*/false, /*implicit=*/false,
-                                            caller.handle, cache_for(caller), fence_list()));
-    stats_.count(stat::same_stream_frees);
-    return ARCPOOL_STATUS_SUCCESS;
+    bool capturing = false;
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(caller.handle, &capturing));
+    if (!capturing) {
+      ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, /*force=*/false, /*implicit=*/false,
+                                              caller.handle, cache_for(caller), fence_list()));
+      stats_.count(stat::same_stream_frees);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
   }
   return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
 }

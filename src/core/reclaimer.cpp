@@ -13,9 +13,10 @@ namespace {
 thread_local bool t_completing = false;
 }  // namespace
 
-reclaimer::reclaimer(driver& drv, stats& counters, arcpool_before_free_t before_free,
-                     void* before_free_user_data)
+reclaimer::reclaimer(driver& drv, event_pool& events, stats& counters,
+                     arcpool_before_free_t before_free, void* before_free_user_data)
     : driver_(drv),
+      events_(events),
       stats_(counters),
       before_free_(before_free),
       before_free_user_data_(before_free_user_data) {}
@@ -52,7 +53,7 @@ void reclaimer::stop_worker(bool drain_first) {
 }
 
 void reclaimer::enqueue(reclaim_item item) {
-  if (item.on_free == nullptr) stats_.add(stat::bytes_pending_free, item.bytes);
+  if (item.on_free == nullptr && !item.graph) stats_.add(stat::bytes_pending_free, item.bytes);
   stats_.count(stat::deferred_frees);
   std::lock_guard<std::mutex> lock(mutex_);
   items_.push_back(std::move(item));
@@ -83,7 +84,32 @@ arcpool_status_t reclaimer::reclaim_stream(stream_handle* out) {
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+bool reclaimer::take_late_fences(reclaim_item& item, bool* failed) {
+  while (!item.fence_later.empty()) {
+    const stream_ref& s = item.fence_later.back();
+    fence_ref f;
+    bool capturing = false;
+    const std::optional<arcpool_status_t> status = s.entry->with_alive([&](stream_handle h) {
+      ARCPOOL_RETURN_IF_ERROR(driver_.stream_is_capturing(h, &capturing));
+      return capturing ? ARCPOOL_STATUS_SUCCESS : events_.record(h, s.id, &f);
+    });
+    if (!status) {
+      f = s.entry->final_fence();  // retired: its final fence covers all its work
+    } else if (*status != ARCPOOL_STATUS_SUCCESS) {
+      *failed = true;
+      return true;
+    } else if (capturing) {
+      return false;  // capturing again: a later pass fences it
+    }
+    item.fences.push_back(std::move(f));
+    item.fence_later.pop_back();
+  }
+  return true;
+}
+
 bool reclaimer::poll(reclaim_item& item, bool* failed) {
+  if (!take_late_fences(item, failed)) return false;
+  if (*failed) return true;
   while (!item.fences.empty()) {
     bool done = false;
     if (driver_.event_query(item.fences.back()->event(), &done) != ARCPOOL_STATUS_SUCCESS) {
@@ -107,10 +133,11 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
     }
     return;
   }
-  stats_.sub(stat::bytes_pending_free, item.bytes);
+  if (!item.graph) stats_.sub(stat::bytes_pending_free, item.bytes);
+  const int64_t held = item.graph ? 0 : static_cast<int64_t>(item.bytes);
   if (failed || process_exiting()) {
     if (failed) stats_.count(stat::reclaim_failures);
-    stats_.sub(stat::bytes_held, item.bytes);
+    stats_.sub(stat::bytes_held, held);
     return;
   }
   arcpool_status_t status = ARCPOOL_STATUS_UNSUPPORTED;
@@ -140,7 +167,7 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
   } else {
     stats_.count(stat::reclaim_failures);
   }
-  stats_.sub(stat::bytes_held, item.bytes);
+  stats_.sub(stat::bytes_held, held);
 }
 
 std::vector<std::pair<reclaim_item, bool>> reclaimer::take_completed_locked() {
@@ -224,6 +251,8 @@ arcpool_status_t reclaimer::drain() {
   bool freed = false;
   for (auto& item : items) {
     bool failed = false;
+    // A stream still capturing cannot be waited for: the memory is given up (counted).
+    if (!take_late_fences(item, &failed)) failed = true;
     for (auto& f : item.fences) {
       if (driver_.event_synchronize(f->event()) != ARCPOOL_STATUS_SUCCESS) failed = true;
     }

@@ -32,12 +32,17 @@ struct reclaim_item {
   /// True when the item came from a deallocation routed for the origin's sake (counted as
   /// origin-routed or fallback when it completes).
   bool routed_to_origin = false;
+  /// Graph memory (docs/graphs.md): not counted in the pool's gauges.
+  bool graph = false;
+  /// Created or registered streams that were capturing at the deallocation: each is fenced
+  /// when the worker first finds it alive and not capturing (or its final fence is taken).
+  small_vector<stream_ref, 2> fence_later;
 };
 
 class reclaimer {
  public:
   /// `before_free` (may be null) runs before every pool free it enqueues (the poison hook).
-  reclaimer(driver& drv, stats& counters, arcpool_before_free_t before_free,
+  reclaimer(driver& drv, event_pool& events, stats& counters, arcpool_before_free_t before_free,
             void* before_free_user_data);
   /// Completes every pending item (blocking on its fences) and joins the worker. When the
   /// process is exiting it only stops the worker: no CUDA call after teardown.
@@ -81,6 +86,9 @@ class reclaimer {
   /// Drops completed fences from the back of `item`; true when none is left (or one failed,
   /// which `failed` reports).
   bool poll(reclaim_item& item, bool* failed);
+  /// Takes the fences of `item.fence_later`; false while one of those streams is capturing
+  /// (`failed` reports a failed call).
+  bool take_late_fences(reclaim_item& item, bool* failed);
   /// Gives `item` back. Outside the lock.
   void complete(reclaim_item& item, bool failed, bool prefer_origin);
   arcpool_status_t reclaim_stream(stream_handle* out);
@@ -89,6 +97,7 @@ class reclaimer {
   arcpool_status_t free_on(reclaim_item& item, stream_handle s);
 
   driver& driver_;
+  event_pool& events_;
   stats& stats_;
   const arcpool_before_free_t before_free_;
   void* const before_free_user_data_;

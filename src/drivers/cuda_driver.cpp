@@ -2,6 +2,8 @@
 // arcpool's settings, or adopted) and host functions, each call on the allocator's device.
 #include <cuda_runtime_api.h>
 
+#include <new>
+
 #include "drivers/driver.hpp"
 #include "support/process_exit.hpp"
 #include "support/status.hpp"
@@ -140,6 +142,62 @@ class cuda_driver final : public driver {
     const arcpool_status_t status =
         check(cudaStreamEndCapture(cu(s), &graph), "cudaStreamEndCapture");
     if (graph != nullptr) cudaGraphDestroy(graph);
+    return status;
+  }
+
+  bool supports_graphs() const noexcept override { return true; }
+
+  arcpool_status_t stream_capture_info(stream_handle s, capture_info* out) override {
+    device_guard guard(device_);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    cudaGraph_t graph = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(
+        check(cudaStreamGetCaptureInfo(cu(s), &status, &id, &graph, nullptr, nullptr, nullptr),
+              "cudaStreamGetCaptureInfo"));
+    if (status != cudaStreamCaptureStatusActive || graph == nullptr) {
+      return fail(ARCPOOL_STATUS_UNSUPPORTED, "stream %p is not in an active capture (status %d)",
+                  static_cast<void*>(s), static_cast<int>(status));
+    }
+    out->id = id;
+    out->graph = graph;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t graph_defer(void* graph, arcpool_host_fn_t fn, void* user_data) override {
+    // cudaUserObjectCreate: the destructor runs when the last reference goes; the graph owns
+    // the one reference (cudaGraphUserObjectMove), and instantiations and launches hold theirs
+    // (programming guide, "CUDA User Objects"). A trampoline keeps "on failure fn never runs":
+    // releasing the object after a failed retain still runs its destructor.
+    struct deferred {
+      arcpool_host_fn_t fn;
+      void* user_data;
+      bool armed;
+      static void run(void* p) {
+        auto* d = static_cast<deferred*>(p);
+        if (d->armed) d->fn(d->user_data);
+        delete d;
+      }
+    };
+    auto* d = new (std::nothrow) deferred{fn, user_data, true};
+    if (d == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a user object");
+    device_guard guard(device_);
+    cudaUserObject_t object = nullptr;
+    if (arcpool_status_t status = check(
+            cudaUserObjectCreate(&object, d, &deferred::run, 1, cudaUserObjectNoDestructorSync),
+            "cudaUserObjectCreate");
+        status != ARCPOOL_STATUS_SUCCESS) {
+      delete d;
+      return status;
+    }
+    const arcpool_status_t status =
+        check(cudaGraphRetainUserObject(static_cast<cudaGraph_t>(graph), object, 1,
+                                        cudaGraphUserObjectMove),
+              "cudaGraphRetainUserObject");
+    if (status != ARCPOOL_STATUS_SUCCESS) {
+      d->armed = false;
+      cudaUserObjectRelease(object, 1);
+    }
     return status;
   }
 

@@ -6,6 +6,17 @@
 
 namespace arcpool::detail {
 
+arcpool_status_t driver::stream_capture_info(stream_handle s, capture_info* out) {
+  (void)out;
+  return fail(ARCPOOL_STATUS_UNSUPPORTED, "stream %p: this driver captures no graphs",
+              static_cast<void*>(s));
+}
+
+arcpool_status_t driver::graph_defer(void* graph, arcpool_host_fn_t fn, void* user_data) {
+  (void)fn, (void)user_data;
+  return fail(ARCPOOL_STATUS_UNSUPPORTED, "graph %p: this driver captures no graphs", graph);
+}
+
 arcpool_driver_kind_t resolve_auto_driver(int device) {
   if (const char* env = std::getenv("ARCPOOL_DRIVER"); env != nullptr && *env != '\0') {
     if (std::strcmp(env, "cuda") == 0) return ARCPOOL_DRIVER_CUDA;

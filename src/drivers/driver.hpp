@@ -34,6 +34,12 @@ struct pool_figures {
   uint64_t used_current = 0;      ///< bytes handed out now (including frees not yet executed)
 };
 
+/// The capture a stream records into (cudaStreamGetCaptureInfo).
+struct capture_info {
+  uint64_t id = 0;        ///< the capture sequence's identity, unique in the process
+  void* graph = nullptr;  ///< the graph being captured into (a cudaGraph_t)
+};
+
 /// The options of an allocator that concern its driver.
 struct driver_config {
   int device = 0;
@@ -80,6 +86,15 @@ class driver {
   virtual arcpool_status_t stream_begin_capture(stream_handle s) = 0;
   /// Ends the capture of `s` and discards the graph.
   virtual arcpool_status_t stream_end_capture(stream_handle s) = 0;
+  /// Whether allocations, frees and deferred frees work on capturing streams (the CUDA driver:
+  /// docs/graphs.md). The others cannot capture work, so they answer UNSUPPORTED.
+  virtual bool supports_graphs() const noexcept { return false; }
+  /// The capture `s` records into. Fails unless `s` is in an active capture.
+  virtual arcpool_status_t stream_capture_info(stream_handle s, capture_info* out);
+  /// Makes `fn(user_data)` run exactly once, when `graph` (a cudaGraph_t being captured), its
+  /// instantiations and their launches are all gone (CUDA: a user object the graph owns). `fn`
+  /// runs on a thread of the runtime's and must not call the driver. On failure it never runs.
+  virtual arcpool_status_t graph_defer(void* graph, arcpool_host_fn_t fn, void* user_data);
   /// Enqueues `fn(user_data)` in stream order. `fn` must not call the driver.
   virtual arcpool_status_t launch_host_func(stream_handle s, arcpool_host_fn_t fn,
                                             void* user_data) = 0;

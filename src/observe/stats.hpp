@@ -19,8 +19,13 @@ namespace arcpool::detail {
 /// The names of the counters and gauges: `stat::frees`, `stat::bytes_held`.
 namespace stat {
 #define ARCPOOL_STATS_ENUM_(name, doc) name,
-enum counter : size_t { ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_ENUM_) kCounters };
-enum gauge : size_t { ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_ENUM_) kGauges };
+enum counter : size_t {
+  ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_ENUM_) ARCPOOL_STATS_GRAPH_COUNTERS(ARCPOOL_STATS_ENUM_)
+      kCounters
+};
+enum gauge : size_t {
+  ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_ENUM_) ARCPOOL_STATS_GRAPH_GAUGES(ARCPOOL_STATS_ENUM_) kGauges
+};
 #undef ARCPOOL_STATS_ENUM_
 }  // namespace stat
 

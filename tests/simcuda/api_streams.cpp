@@ -6,7 +6,7 @@
 
 namespace simcuda {
 
-bool capture_node(stream_obj& s, const std::string& what, cudaError_t* error) {
+bool capture_node(stream_obj& s, const std::string& what, cudaError_t* error, graph_node** node) {
   if (s.capture == nullptr) {
     // cudaStreamIsCapturing: "When a blocking stream is capturing, the legacy stream is in an
     // unusable state until the blocking stream capture is terminated. The legacy stream is not
@@ -30,8 +30,19 @@ bool capture_node(stream_obj& s, const std::string& what, cudaError_t* error) {
     *error = cudaErrorStreamCaptureInvalidated;
     return true;
   }
-  c.nodes.push_back(what);
-  if (&s != c.origin) ++c.pending[&s];
+  // cudaStreamGetCaptureInfo, dependencies_out: "The next node to be captured in the stream
+  // will depend on this set of nodes, absent operations such as event wait which modify this
+  // set."
+  graph_obj& g = *c.graph;
+  graph_node n;
+  n.what = what;
+  std::vector<size_t>& tail = c.tails[&s];
+  n.deps = tail;
+  n.branch =
+      static_cast<size_t>(std::find(c.streams.begin(), c.streams.end(), &s) - c.streams.begin());
+  g.nodes.push_back(std::move(n));
+  tail.assign(1, g.nodes.size() - 1);
+  if (node != nullptr) *node = &g.nodes.back();
   *error = cudaSuccess;
   return true;
 }
@@ -136,7 +147,13 @@ cudaError_t stream_get_capture_info(cudaStream_t handle, cudaStreamCaptureStatus
   *status = st;
   stream_obj* s = resolve_stream(handle, ptds, "cudaStreamGetCaptureInfo");
   if (id != nullptr && s != nullptr && s->capture != nullptr) *id = s->capture->id;
-  if (graph != nullptr) *graph = nullptr;  // graphs under construction: not modeled (issue 11)
+  // graph_out: "the graph being captured into. All operations other than destroy and node
+  // removal are permitted on the graph while the capture sequence is in progress."
+  if (graph != nullptr) {
+    *graph = s != nullptr && s->capture != nullptr
+                 ? reinterpret_cast<cudaGraph_t>(s->capture->graph->handle)
+                 : nullptr;
+  }
   if (deps != nullptr) *deps = nullptr;
   if (edges != nullptr) *edges = nullptr;
   if (count != nullptr) *count = 0;
@@ -160,6 +177,8 @@ cudaError_t stream_begin_capture(cudaStream_t handle, cudaStreamCaptureMode mode
   c->mode = mode;
   c->thread = std::this_thread::get_id();
   c->streams.push_back(s);
+  c->tails[s] = {};
+  c->graph = make_graph(s->device);
   s->capture = c.get();
   r.captures.push_back(std::move(c));
   return cudaSuccess;
@@ -173,6 +192,25 @@ void end_capture_sequence(capture_obj& c) {
   all.erase(std::remove_if(all.begin(), all.end(),
                            [&](const std::unique_ptr<capture_obj>& p) { return p.get() == &c; }),
             all.end());
+}
+
+/// Whether every captured stream's last nodes are joined back into the origin stream: each is
+/// an ancestor of (or one of) the origin's last nodes.
+bool joined(const capture_obj& c) {
+  const std::vector<graph_node>& nodes = c.graph->nodes;
+  std::vector<bool> reached(nodes.size(), false);
+  std::vector<size_t> todo = c.tails.at(c.origin);
+  while (!todo.empty()) {
+    const size_t n = todo.back();
+    todo.pop_back();
+    if (reached[n]) continue;
+    reached[n] = true;
+    todo.insert(todo.end(), nodes[n].deps.begin(), nodes[n].deps.end());
+  }
+  for (const auto& [stream, tail] : c.tails)
+    for (size_t n : tail)
+      if (!reached[n]) return false;
+  return true;
 }
 
 cudaError_t stream_end_capture(cudaStream_t handle, cudaGraph_t* graph, bool ptds) {
@@ -194,21 +232,19 @@ cudaError_t stream_end_capture(cudaStream_t handle, cudaGraph_t* graph, bool ptd
   }
   // cudaStreamEndCapture: "If the capture was invalidated, due to a violation of the rules of
   // stream capture, then a NULL graph will be returned."
-  bool unjoined = false;
-  for (const auto& [stream, pending] : c.pending)
-    unjoined = unjoined || pending > 0;
+  const bool unjoined = !joined(c);
   const bool invalidated = c.invalidated;
-  std::vector<std::string> nodes = c.nodes;
+  graph_obj* g = c.graph;
+  g->branches = c.streams.size();
   end_capture_sequence(c);
-  if (invalidated) return ret(cudaErrorStreamCaptureInvalidated);
   // cudaErrorStreamCaptureUnjoined: "The capture sequence contains a fork that was not joined
   // to the primary stream."
-  if (unjoined) return ret(cudaErrorStreamCaptureUnjoined);
-  auto g = std::make_unique<graph_obj>();
-  g->handle = new_handle();
-  g->nodes = std::move(nodes);
+  if (invalidated || unjoined) {
+    drop_graph(*g);
+    return ret(invalidated ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureUnjoined);
+  }
+  g->captured = true;
   *graph = reinterpret_cast<cudaGraph_t>(g->handle);
-  r.graphs.emplace(g->handle, std::move(g));
   return cudaSuccess;
 }
 
@@ -218,7 +254,14 @@ cudaError_t launch_host_func(cudaStream_t handle, cudaHostFn_t fn, void* data, b
   stream_obj* s = resolve_stream(handle, ptds, "cudaLaunchHostFunc");
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
   cudaError_t e = cudaSuccess;
-  if (capture_node(*s, "host function", &e)) return ret(e);
+  graph_node* node = nullptr;
+  if (capture_node(*s, "host function", &e, &node)) {
+    if (node != nullptr) {
+      node->run = [fn, data] { fn(data); };
+      node->host_function = true;
+    }
+    return ret(e);
+  }
   auto o = std::make_unique<op>();
   o->what = "cudaLaunchHostFunc";
   o->host_function = true;
@@ -241,8 +284,7 @@ cudaError_t event_record(cudaEvent_t ev, cudaStream_t handle, bool ptds) {
     if (err != cudaSuccess) return ret(err);
     e->recorded = true;
     e->captured = s->capture;
-    e->captured_on = s;
-    e->captured_pending = s->capture->pending.count(s) ? s->capture->pending[s] : 0;
+    e->captured_tail = s->capture->tails[s];
     return cudaSuccess;
   }
   // cudaEventRecord: "Captures in event the contents of stream at the time of this call. [...]
@@ -274,20 +316,32 @@ cudaError_t stream_wait_event(cudaStream_t handle, cudaEvent_t ev, unsigned flag
     if (s->capture == nullptr) {  // a fork: s joins the capture
       s->capture = c;
       c->streams.push_back(s);
-      c->pending[s] = 0;
+      c->tails[s] = {};
     }
-    c->nodes.push_back("event wait");
-    if (s == c->origin && e->captured_on != s &&
-        c->pending[e->captured_on] == e->captured_pending) {
-      c->pending[e->captured_on] = 0;  // joined back
-    }
+    // Within a capture a wait is an edge: the stream's next node also depends on the record's.
+    std::vector<size_t>& tail = c->tails[s];
+    for (size_t n : e->captured_tail)
+      if (std::find(tail.begin(), tail.end(), n) == tail.end()) tail.push_back(n);
     return cudaSuccess;
   }
   if (s->capture != nullptr) {
+    // cudaStreamWaitEvent, cudaEventWaitExternal: "Event is captured in the graph as an
+    // external event node when performing stream capture"; cudaGraphAddEventWaitNode: "The
+    // graph node will wait for all work captured in event" (unverified: which record; simcuda
+    // takes the most recent one as of each launch).
+    if (flags & cudaEventWaitExternal) {
+      cudaError_t err = cudaSuccess;
+      graph_node* node = nullptr;
+      capture_node(*s, "external event wait", &err, &node);
+      if (node != nullptr) {
+        node->type = graph_node::kind::wait_external;
+        node->external = e;
+      }
+      return ret(err);
+    }
     // driver_types.h, cudaErrorStreamCaptureIsolation: "A dependency would have been created
     // which crosses the capture sequence boundary. Only implicit in-stream ordering
-    // dependencies are allowed to cross the boundary." (cudaEventWaitExternal: issue 11.)
-    (void)flags;
+    // dependencies are allowed to cross the boundary."
     s->capture->invalidated = true;
     return ret(cudaErrorStreamCaptureIsolation);
   }
@@ -402,18 +456,6 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   SIMCUDA_ENTER("cudaThreadExchangeStreamCaptureMode");
   if (mode == nullptr) return ret(cudaErrorInvalidValue);
   std::swap(*mode, ts().mode);
-  return cudaSuccess;
-}
-
-cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
-  SIMCUDA_ENTER("cudaGraphDestroy");
-  auto it = r.graphs.find(reinterpret_cast<uintptr_t>(graph));
-  if (it == r.graphs.end() || it->second->destroyed) {
-    violation(format("cudaGraphDestroy: %p is not a live graph", static_cast<void*>(graph)));
-    return ret(cudaErrorInvalidValue);
-  }
-  it->second->destroyed = true;
-  it->second->nodes.clear();
   return cudaSuccess;
 }
 

@@ -137,7 +137,16 @@ cudaError_t launch(cudaKernel_t kernel, dim3 grid, dim3 block, void** args, cuda
     return ret(cudaErrorInvalidDeviceFunction);
   }
   cudaError_t e = cudaSuccess;
-  if (capture_node(*s, k->name, &e)) return ret(e);
+  graph_node* node = nullptr;
+  if (capture_node(*s, k->name, &e, &node)) {
+    if (node != nullptr) {
+      kernel_plan plan = k->plan(args);  // arguments are copied at capture
+      node->run = std::move(plan.run);
+      for (const auto& [p, bytes] : plan.touches)
+        node->touches.push_back({p, bytes, false, "kernel " + k->name});
+    }
+    return ret(e);
+  }
   // Fault injection: a sticky error after N launches, as an illegal address corrupts the
   // context ("the process must be terminated and relaunched").
   if (r.cfg.sticky_after_launches >= 0 && ++r.launches > r.cfg.sticky_after_launches) {

@@ -287,6 +287,28 @@ void init_device_memory(device_obj& d) {
   d.current_pool = d.default_pool;
 }
 
+/// Checks that every recorded access of `a` and its allocation are ordered before its free
+/// `who` on `s` (enqueued already), and moves it to the freed allocations.
+void check_and_retire(allocation& a, stream_obj& s, uint64_t seq, const std::string& who) {
+  runtime& r = rt();
+  // cudaFreeAsync: "The allocation must not be accessed after stream execution reaches the
+  // free." An access not ordered before the free may run after it.
+  for (const auto& [stream_id, access] : a.accesses) {
+    if (s.clock.get(stream_id) < access.seq) {
+      violation(
+          format("use after free: %s is not ordered before %s", access.what.c_str(), who.c_str()));
+    }
+  }
+  if (a.alloc.stream != nullptr && s.clock.get(a.alloc.stream->id) < a.alloc.seq) {
+    violation(format("%s is not ordered after %s", who.c_str(), a.alloc_what.c_str()));
+  }
+  a.freed = true;
+  a.free_point = {&s, seq};
+  a.free_what = who;
+  auto node = r.live.extract(a.base);
+  r.freed[node.key()] = std::move(node.mapped());
+}
+
 /// Frees `a` in stream order on `s` (with the lock): checks that every recorded access and
 /// the allocation are ordered before the free, then gives the block to its pool.
 void stream_free(allocation& a, stream_obj& s, const char* call) {
@@ -303,25 +325,37 @@ void stream_free(allocation& a, stream_obj& s, const char* call) {
     pool->used -= bytes;
   };
   const uint64_t seq = enqueue(s, std::move(o));
-  const std::string who = format("%s on %s", call, s.name().c_str());
-  // cudaFreeAsync: "The allocation must not be accessed after stream execution reaches the
-  // free." An access not ordered before the free may run after it.
-  for (const auto& [stream_id, access] : a.accesses) {
-    if (s.clock.get(stream_id) < access.seq) {
-      violation(
-          format("use after free: %s is not ordered before %s", access.what.c_str(), who.c_str()));
-    }
-  }
-  if (a.alloc.stream != nullptr && s.clock.get(a.alloc.stream->id) < a.alloc.seq) {
-    violation(format("%s is not ordered after %s", who.c_str(), a.alloc_what.c_str()));
-  }
   chunk_of(*pool, base)->live--;
   pool->free_blocks.push_back({base, bytes, &s, seq, false, order});
-  a.freed = true;
-  a.free_point = {&s, seq};
-  a.free_what = who;
-  auto node = r.live.extract(base);
-  r.freed[base] = std::move(node.mapped());
+  check_and_retire(a, s, seq, format("%s on %s", call, s.name().c_str()));
+}
+
+graph_memory::~graph_memory() {
+  release(*rt().devices[device], base, bytes);
+}
+
+std::shared_ptr<graph_memory> reserve_graph_memory(device_obj& d, size_t bytes) {
+  const size_t size = round_up(std::max<size_t>(bytes, 1), kAlign);
+  const uintptr_t p = reserve(d, size);
+  if (p == 0) return nullptr;
+  auto m = std::make_shared<graph_memory>();
+  m->device = d.ordinal;
+  m->base = p;
+  m->bytes = size;
+  return m;
+}
+
+uint64_t graph_free(allocation& a, stream_obj& s, const std::string& what, std::unique_ptr<op> o) {
+  if (o == nullptr) o = std::make_unique<op>();
+  o->what = what;
+  const uint64_t seq = enqueue(s, std::move(o));
+  if (a.exec != nullptr) {
+    auto& unfreed = a.exec->unfreed;
+    unfreed.erase(std::remove(unfreed.begin(), unfreed.end(), a.base), unfreed.end());
+  }
+  check_and_retire(a, s, seq, format("%s on %s", what.c_str(), s.name().c_str()));
+  a.graph_mem.reset();
+  return seq;
 }
 
 }  // namespace simcuda
@@ -329,6 +363,53 @@ void stream_free(allocation& a, stream_obj& s, const char* call) {
 using namespace simcuda;
 
 namespace {
+
+/// cudaMallocAsync on a capturing stream. cudaMallocAsync: "During stream capture, this
+/// function results in the creation of an allocation node. In this case, the allocation is
+/// owned by the graph instead of the memory pool." cudaGraphAddMemAllocNode: "The allocation's
+/// address remains fixed across instantiations and launches."
+cudaError_t capture_allocation(stream_obj& s, size_t bytes, const char* call, void** out) {
+  cudaError_t e = cudaSuccess;
+  graph_node* node = nullptr;
+  if (capture_node(s, call, &e, &node); e != cudaSuccess) return e;
+  std::shared_ptr<graph_memory> memory = reserve_graph_memory(*rt().devices[s.device], bytes);
+  if (memory == nullptr) {
+    s.capture->invalidated = true;
+    return cudaErrorMemoryAllocation;
+  }
+  node->type = graph_node::kind::alloc;
+  node->address = memory->base;
+  node->memory = std::move(memory);
+  *out = reinterpret_cast<void*>(node->address);
+  return cudaSuccess;
+}
+
+/// cudaFreeAsync on a capturing stream: "During stream capture, this function results in the
+/// creation of a free node and must therefore be passed the address of a graph allocation."
+/// cudaGraphAddMemFreeNode returns cudaErrorInvalidValue for "an allocation twice in the same
+/// graph" and "an address that was not returned by an allocation node".
+cudaError_t capture_free(stream_obj& s, uintptr_t base) {
+  graph_obj& g = *s.capture->graph;
+  bool allocated = false, freed = false;
+  for (const graph_node& n : g.nodes) {
+    allocated = allocated || (n.type == graph_node::kind::alloc && n.address == base);
+    freed = freed || (n.type == graph_node::kind::free && n.address == base);
+  }
+  if (!allocated || freed) {
+    violation(format("cudaFreeAsync(0x%llx) on capturing %s: %s",
+                     static_cast<unsigned long long>(base), s.name().c_str(),
+                     freed ? "the graph frees it already"
+                           : "not an allocation of this graph (non-graph memory)"));
+    s.capture->invalidated = true;
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t e = cudaSuccess;
+  graph_node* node = nullptr;
+  if (capture_node(s, "cudaFreeAsync", &e, &node); e != cudaSuccess) return e;
+  node->type = graph_node::kind::free;
+  node->address = base;
+  return cudaSuccess;
+}
 
 cudaError_t malloc_async(void** out, size_t bytes, cudaMemPool_t handle, cudaStream_t stream,
                          bool ptds, const char* call) {
@@ -339,12 +420,7 @@ cudaError_t malloc_async(void** out, size_t bytes, cudaMemPool_t handle, cudaStr
   pool_obj* pool =
       handle == nullptr ? r.devices[s->device]->current_pool : resolve_pool(handle, call);
   if (pool == nullptr) return ret(cudaErrorInvalidValue);
-  if (s->capture != nullptr) {
-    // cudaMallocAsync during capture makes a graph allocation node: graphs are issue 11.
-    violation(format("%s on capturing %s: graph memory nodes are not modeled yet", call,
-                     s->name().c_str()));
-    return ret(cudaErrorStreamCaptureUnsupported);
-  }
+  if (s->capture != nullptr) return ret(capture_allocation(*s, bytes, call, out));
   cudaError_t e = cudaSuccess;
   if (capture_node(*s, call, &e)) return ret(e);
   return ret(pool_allocate(*pool, bytes, *s, call, out));
@@ -355,19 +431,20 @@ cudaError_t free_async(void* p, cudaStream_t stream, bool ptds) {
   stream_obj* s = resolve_stream(stream, ptds, "cudaFreeAsync");
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
   const auto base = reinterpret_cast<uintptr_t>(p);
+  if (s->capture != nullptr) return ret(capture_free(*s, base));
   auto it = r.live.find(base);
+  if (it != r.live.end() && it->second->graph_mem != nullptr) {
+    // cudaGraphAddMemAllocNode: "Allocations which are not freed in the same graph can be freed
+    // by: passing the allocation to cudaMemFreeAsync or cudaMemFree".
+    cudaError_t e = cudaSuccess;
+    if (capture_node(*s, "cudaFreeAsync", &e)) return ret(e);
+    graph_free(*it->second, *s, "cudaFreeAsync");
+    return cudaSuccess;
+  }
   if (it == r.live.end() || it->second->pool == nullptr) {
     violation(format("cudaFreeAsync(%p) on %s: no pool handed out this pointer%s", p,
                      s->name().c_str(), r.freed.count(base) ? " (freed already)" : ""));
     return ret(cudaErrorInvalidValue);
-  }
-  if (s->capture != nullptr) {
-    // cudaFreeAsync: "During stream capture, this function results in the creation of a free
-    // node and must therefore be passed the address of a graph allocation."
-    violation(
-        format("cudaFreeAsync(%p) of non-graph memory on capturing %s", p, s->name().c_str()));
-    s->capture->invalidated = true;
-    return ret(cudaErrorStreamCaptureUnsupported);
   }
   cudaError_t e = cudaSuccess;
   if (capture_node(*s, "cudaFreeAsync", &e)) return ret(e);
@@ -386,7 +463,15 @@ cudaError_t memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind ki
   const auto d = reinterpret_cast<uintptr_t>(dst);
   const auto sp = reinterpret_cast<uintptr_t>(src);
   cudaError_t e = cudaSuccess;
-  if (capture_node(*s, call, &e)) return ret(e);
+  graph_node* node = nullptr;
+  if (capture_node(*s, call, &e, &node)) {
+    if (node != nullptr) {
+      node->run = [d, sp, n] { std::memmove(alias_of(d), alias_of(sp), n); };
+      node->touches.push_back({sp, n, true, std::string(call) + " (source)"});
+      node->touches.push_back({d, n, true, std::string(call) + " (destination)"});
+    }
+    return ret(e);
+  }
   auto o = std::make_unique<op>();
   o->what = call;
   void* to = alias_of(d);
@@ -481,7 +566,19 @@ cudaError_t cudaFree(void* p) {
     return ret(cudaErrorInvalidValue);
   }
   allocation& a = *it->second;
-  if (a.pool != nullptr) {
+  if (a.graph_mem != nullptr) {
+    // cudaGraphAddMemAllocNode: an allocation not freed in its graph can be freed "by passing
+    // the allocation to cudaMemFreeAsync or cudaMemFree".
+    for (const auto& [stream_id, access] : a.accesses)
+      if (r.host_clock.get(stream_id) < access.seq) {
+        violation(format("cudaFree(%p) while %s may still run", p, access.what.c_str()));
+      }
+    if (a.exec != nullptr) {
+      auto& unfreed = a.exec->unfreed;
+      unfreed.erase(std::remove(unfreed.begin(), unfreed.end(), base), unfreed.end());
+    }
+    a.graph_mem.reset();
+  } else if (a.pool != nullptr) {
     // cudaFree: "This API will not perform any implicit synchronization when the pointer was
     // allocated with cudaMallocAsync or cudaMallocFromPoolAsync. Callers must ensure that all
     // accesses to these pointer have completed before invoking cudaFree."
@@ -585,12 +682,19 @@ static cudaError_t memset_async(void* p, int value, size_t n, cudaStream_t strea
   SIMCUDA_ENTER("cudaMemsetAsync");
   stream_obj* s = resolve_stream(stream, ptds, "cudaMemsetAsync");
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
-  cudaError_t e = cudaSuccess;
-  if (capture_node(*s, "cudaMemsetAsync", &e)) return ret(e);
   const auto addr = reinterpret_cast<uintptr_t>(p);
   if (!is_device_address(addr)) {
     violation(format("cudaMemsetAsync(%p) on %s: not device memory", p, s->name().c_str()));
     return ret(cudaErrorInvalidValue);
+  }
+  cudaError_t e = cudaSuccess;
+  graph_node* node = nullptr;
+  if (capture_node(*s, "cudaMemsetAsync", &e, &node)) {
+    if (node != nullptr) {
+      node->run = [addr, value, n] { std::memset(alias_of(addr), value, n); };
+      node->touches.push_back({addr, n, false, "cudaMemsetAsync"});
+    }
+    return ret(e);
   }
   auto o = std::make_unique<op>();
   o->what = "cudaMemsetAsync";

@@ -106,6 +106,9 @@ std::string stream_obj::name() const {
     case kind::per_thread:
       return format("a per-thread default stream of device %d (id %llu)", device,
                     static_cast<unsigned long long>(id));
+    case kind::graph_lane:
+      return format("a graph launch lane of device %d (id %llu)", device,
+                    static_cast<unsigned long long>(id));
     case kind::created:
       break;
   }

@@ -43,6 +43,8 @@ struct stream_obj;
 struct event_obj;
 struct pool_obj;
 struct capture_obj;
+struct graph_obj;
+struct exec_obj;
 
 /// A point in one stream's order: the op with sequence `seq` on `stream`.
 struct stream_point {
@@ -63,7 +65,8 @@ struct op {
 
 /// A stream: its queue, its order and its worker.
 struct stream_obj {
-  enum class kind { legacy, per_thread, created };
+  /// graph_lane: one branch of an executable graph's replays (never a user's handle).
+  enum class kind { legacy, per_thread, created, graph_lane };
   uint64_t id = 0;  ///< cudaStreamGetId: unique in the process
   uintptr_t handle = 0;
   int device = 0;
@@ -87,12 +90,54 @@ struct event_obj {
   uintptr_t handle = 0;
   bool destroyed = false;
   bool recorded = false;
-  stream_point point;               ///< the record's place
-  vclock clock;                     ///< what the record happens after
-  capture_obj* captured = nullptr;  ///< last recorded inside this capture
-  stream_obj* captured_on = nullptr;
-  uint64_t captured_pending = 0;  ///< the stream's unjoined nodes at the captured record
+  stream_point point;                 ///< the record's place
+  vclock clock;                       ///< what the record happens after
+  capture_obj* captured = nullptr;    ///< last recorded inside this capture
+  std::vector<size_t> captured_tail;  ///< the captured record's nodes (what a wait depends on)
   unsigned flags = 0;
+};
+
+/// Graph memory: device memory of one allocation node, reserved at capture for the graph's life
+/// (its address is fixed across launches). Released when the graph, its instantiation and the
+/// last launch's allocation are all gone.
+struct graph_memory {
+  int device = 0;
+  uintptr_t base = 0;
+  size_t bytes = 0;
+  ~graph_memory();
+};
+
+/// One access a captured node makes, checked at every replay.
+struct node_access {
+  uintptr_t p = 0;
+  size_t bytes = 0;
+  bool host_ok = false;
+  std::string what;
+};
+
+/// One node of a captured graph.
+struct graph_node {
+  /// work: a kernel, copy, memset or host function; alloc and free: graph memory nodes;
+  /// wait_external: cudaStreamWaitEvent with cudaEventWaitExternal (the event's state at launch).
+  enum class kind { work, alloc, free, wait_external };
+  kind type = kind::work;
+  std::string what;
+  std::vector<size_t> deps;  ///< earlier nodes of the graph this one depends on
+  size_t branch = 0;         ///< the captured stream it came from (index in the capture)
+  std::function<void()> run;
+  bool host_function = false;
+  std::vector<node_access> touches;
+  uintptr_t address = 0;                 ///< alloc, free: the graph allocation
+  std::shared_ptr<graph_memory> memory;  ///< alloc
+  event_obj* external = nullptr;         ///< wait_external
+};
+
+/// A user object (cudaUserObjectCreate): a destructor run once its references are gone.
+struct user_obj {
+  uintptr_t handle = 0;
+  void* ptr = nullptr;
+  cudaHostFn_t destroy = nullptr;
+  uint64_t refs = 0;
 };
 
 /// A stream capture sequence.
@@ -103,16 +148,36 @@ struct capture_obj {
   std::thread::id thread;
   bool invalidated = false;
   bool ended = false;
-  std::vector<stream_obj*> streams;         ///< streams that joined (origin first)
-  std::map<stream_obj*, uint64_t> pending;  ///< joined streams' nodes not yet joined back
-  std::vector<std::string> nodes;           ///< the captured work, in capture order
+  std::vector<stream_obj*> streams;                  ///< streams that joined (origin first)
+  std::map<stream_obj*, std::vector<size_t>> tails;  ///< what each stream's next node depends on
+  graph_obj* graph = nullptr;                        ///< the graph being captured into
 };
 
-/// A graph from cudaStreamEndCapture.
+/// A graph: made at cudaStreamBeginCapture, handed out by cudaStreamEndCapture.
 struct graph_obj {
   uintptr_t handle = 0;
+  int device = 0;
   bool destroyed = false;
-  std::vector<std::string> nodes;
+  bool captured = false;  ///< cudaStreamEndCapture returned it
+  std::vector<graph_node> nodes;
+  size_t branches = 1;
+  std::map<user_obj*, uint64_t> user_refs;  ///< references the graph owns
+  exec_obj* exec = nullptr;                 ///< its live instantiation, when it has memory nodes
+  bool has_memory_nodes() const;
+};
+
+/// An executable graph (cudaGraphInstantiate): the nodes, replayed by each launch on lanes.
+struct exec_obj {
+  uintptr_t handle = 0;
+  bool destroyed = false;
+  unsigned long long flags = 0;
+  graph_obj* graph = nullptr;  ///< null once the graph was destroyed
+  std::vector<graph_node> nodes;
+  std::vector<stream_obj*> lanes;  ///< one per branch
+  std::vector<uintptr_t> unfreed;  ///< allocations of the last launch still live
+  stream_point last;               ///< the last launch's end
+  vclock last_clock;
+  std::map<user_obj*, uint64_t> user_refs;
 };
 
 /// One access recorded against an allocation: the latest per stream.
@@ -125,8 +190,10 @@ struct access_record {
 struct allocation {
   uintptr_t base = 0;
   size_t bytes = 0;
-  pool_obj* pool = nullptr;  ///< null for cudaMalloc memory
-  stream_point alloc;        ///< the allocation's place (stream null: synchronous)
+  pool_obj* pool = nullptr;                 ///< null for cudaMalloc memory and graph memory
+  std::shared_ptr<graph_memory> graph_mem;  ///< graph memory: its node's reservation
+  exec_obj* exec = nullptr;                 ///< graph memory: the instantiation that allocated it
+  stream_point alloc;                       ///< the allocation's place (stream null: synchronous)
   std::string alloc_what;
   stream_point free_point;
   std::string free_what;
@@ -210,6 +277,10 @@ struct runtime {
   std::unordered_map<uintptr_t, std::unique_ptr<event_obj>> events;
   std::unordered_map<uintptr_t, std::unique_ptr<pool_obj>> pools;
   std::unordered_map<uintptr_t, std::unique_ptr<graph_obj>> graphs;
+  std::unordered_map<uintptr_t, std::unique_ptr<exec_obj>> execs;
+  std::unordered_map<uintptr_t, std::unique_ptr<user_obj>> user_objects;
+  std::deque<user_obj*> destructors;  ///< user objects whose destructors are due
+  bool destructor_thread = false;
   std::vector<std::unique_ptr<capture_obj>> captures;
   std::map<uintptr_t, std::unique_ptr<allocation>> live;   ///< by base address
   std::map<uintptr_t, std::unique_ptr<allocation>> freed;  ///< the last freed per base
@@ -295,9 +366,11 @@ bool done(stream_point p);
 void device_barrier(device_obj& d, const char* why);
 /// Synchronizes with every stream of `d` (releasing the lock while waiting).
 void device_wait(std::unique_lock<std::mutex>& lock, device_obj& d);
-/// Whether work for `s` is captured instead of run: then the node `what` was recorded, or
-/// `*error` says why it could not be (with the lock).
-bool capture_node(stream_obj& s, const std::string& what, cudaError_t* error);
+/// Whether work for `s` is captured instead of run: then the node `what` was recorded (and
+/// `*node`, when given, points at it for the caller to fill in), or `*error` says why it could
+/// not be (with the lock).
+bool capture_node(stream_obj& s, const std::string& what, cudaError_t* error,
+                  graph_node** node = nullptr);
 /// Warns (unverified rule) when the potentially unsafe call `call` is made while this
 /// thread's capture mode prohibits it.
 void check_unsafe_unverified(const char* call);
@@ -324,5 +397,20 @@ bool is_device_address(uintptr_t p);
 void apply_release_thresholds(device_obj& d);
 /// Sets up device `d`'s memory and default pool (at start).
 void init_device_memory(device_obj& d);
+/// Reserves `bytes` of device `d`'s memory for a graph allocation node; null when full.
+std::shared_ptr<graph_memory> reserve_graph_memory(device_obj& d, size_t bytes);
+/// Frees the graph allocation `a` in stream order on `s` as op `o` (a free node's replay, or a
+/// free outside the graph), with the same ordering checks as any free. Returns the op's seq.
+/// With the lock.
+uint64_t graph_free(allocation& a, stream_obj& s, const std::string& what,
+                    std::unique_ptr<op> o = nullptr);
+
+// --- graphs.cpp --------------------------------------------------------------------------
+/// Drops `count` references of `u`; the last runs its destructor on the destructor thread.
+void release_user_object(user_obj& u, uint64_t count);
+/// A new graph for a capture starting on `d` (with the lock).
+graph_obj* make_graph(int device);
+/// Destroys a graph that will never be handed out (an invalidated capture).
+void drop_graph(graph_obj& g);
 
 }  // namespace simcuda

@@ -1,0 +1,208 @@
+// Allocation and deallocation on streams capturing a CUDA graph (docs/graphs.md): graph
+// allocation nodes, free nodes, and frees of earlier memory deferred to the graph's end.
+#include <new>
+
+#include "core/allocator.hpp"
+#include "observe/nvtx.hpp"
+#include "support/status.hpp"
+
+namespace arcpool::detail {
+
+/// A free of memory from before a capture, deferred until the graph's life ends: the driver
+/// runs open() then (CUDA: a user object's destructor, on a runtime thread that may make no
+/// CUDA call), which only hands the item to the reclaim worker. It counts as a record of the
+/// allocator, which therefore outlives it.
+struct graph_gate {
+  allocator& owner;
+  reclaim_item item;
+
+  static void open(void* p) noexcept {
+    auto* gate = static_cast<graph_gate*>(p);
+    allocator& owner = gate->owner;
+    owner.reclaimer_.enqueue(std::move(gate->item));
+    delete gate;
+    owner.record_destroyed();
+  }
+};
+
+arcpool_status_t allocator::resolve_capturing_stream(stream_handle s, stream_ref* out) {
+  if (!driver_->supports_graphs()) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "stream %p is capturing a CUDA graph, and this driver builds no graphs",
+                static_cast<void*>(s));
+  }
+  if (out->kind == stream_kind::application) {
+    const uint64_t version = streams_.version();
+    streams_.for_each([&](stream_entry& e) {
+      if (e.handle() == s && e.alive()) out->entry = &e;
+    });
+    if (out->entry != nullptr) {
+      out->id = out->entry->id();
+      stream_cache_line_of(s) =
+          stream_cache_line{streams_.uid(), version, s, out->id, out->entry, out->kind};
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+  }
+  return fail(ARCPOOL_STATUS_UNSUPPORTED,
+              "stream %p is capturing a CUDA graph and is not one arcpool created or registered: "
+              "arcpool identifies a capturing stream only by its registry (whether "
+              "cudaStreamGetId is legal during capture is undocumented); create it with "
+              "arcpool_stream_create or register it before the capture",
+              static_cast<void*>(s));
+}
+
+arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, uint32_t flags,
+                                                const stream_ref& origin, allocation** out) {
+  if (!driver_->supports_graphs()) return capturing_failure(origin, "allocate");
+  if (flags != 0) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "allocate on capturing stream %p: flags 0x%x (an indeterminate lifetime) cannot "
+                "be given to a graph allocation, whose life the graph bounds",
+                static_cast<void*>(origin.handle), flags);
+  }
+  capture_info capture;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(origin.handle, &capture));
+  allocation::params p;
+  p.origin = origin;
+  p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS | ARCPOOL_PLACEMENT_FLAG_GRAPH;
+  p.size = size;
+  p.alignment = alignment;
+  p.capture_id = capture.id;
+  if (size != 0) {
+    // No cache: a cached block would be pool memory inside the graph, or graph memory lent
+    // outside it. No hard limit and no out-of-memory retry: the memory is the graph's.
+    const size_t extra =
+        alignment > ARCPOOL_DEFAULT_ALIGNMENT ? alignment - ARCPOOL_DEFAULT_ALIGNMENT : 0;
+    if (size > SIZE_MAX - extra) {
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t",
+                  size, alignment);
+    }
+    p.held_bytes = size + extra;
+    ARCPOOL_RETURN_IF_ERROR(driver_->pool_allocate(p.held_bytes, origin.handle, &p.base));
+    const auto v = reinterpret_cast<uintptr_t>(p.base);
+    p.data = reinterpret_cast<void*>((v + alignment - 1) & ~(uintptr_t{alignment} - 1));
+  }
+  allocation* a = new (std::nothrow) allocation(*this, p);
+  if (a == nullptr) {
+    if (p.base != nullptr) driver_->pool_free(p.base, p.held_bytes, origin.handle);
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
+  }
+  record_created();
+  stats::local st = stats_.here();
+  st.count(stat::allocations);
+  st.count(stat::graph_allocations);
+  st.add(stat::graph_bytes_in_use, static_cast<int64_t>(size));
+  if (log_.enabled()) log_.write("allocate", p.data, size, origin.handle);
+  nvtx::name_region(p.data, size, a->placement.serial);
+  *out = a;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::capture_edge(stream_handle from, stream_handle to) {
+  event_handle e = nullptr;
+  ARCPOOL_RETURN_IF_ERROR(driver_->event_create(&e));
+  arcpool_status_t status = driver_->event_record(e, from);
+  if (status == ARCPOOL_STATUS_SUCCESS) status = driver_->stream_wait_event(to, e);
+  driver_->event_destroy(e);
+  return status;
+}
+
+arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_ref& caller,
+                                                  bool force, bool implicit) {
+  if (!driver_->supports_graphs()) return capturing_failure(caller, "deallocate");
+  capture_info capture;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
+  if (a.graph()) {
+    if (a.placement.capture_id != capture.id) {
+      return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                  "deallocate of %s on stream %p: it is graph memory of capture %llu, and the "
+                  "stream captures %llu; graph memory is freed in its own capture or outside "
+                  "every capture, after a launch",
+                  a.describe().c_str(), static_cast<void*>(caller.handle),
+                  static_cast<unsigned long long>(a.placement.capture_id),
+                  static_cast<unsigned long long>(capture.id));
+    }
+    // The current stream is the origin, which captures in this capture: transfers and use
+    // records are refused on capturing streams, so no other stream used it.
+    if (a.current.id != caller.id)
+      ARCPOOL_RETURN_IF_ERROR(capture_edge(a.current.handle, caller.handle));
+    stats::local st = stats_.here();
+    ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle, st));
+    a.uses.clear();
+    // A free node; only a broken context fails here, after the commit.
+    const arcpool_status_t status =
+        a.placement.size == 0
+            ? ARCPOOL_STATUS_SUCCESS
+            : driver_->pool_free(a.placement.base, a.placement.held_bytes, caller.handle);
+    if (status == ARCPOOL_STATUS_SUCCESS) st.count(stat::graph_frees);
+    return status;
+  }
+
+  // Memory from before the capture: the graph may use it at every launch, so its free waits
+  // for the graph's end, then for the streams' work. Streams not capturing are fenced now;
+  // capturing ones (the caller, another stream of a capture) once the graph is gone, which
+  // needs arcpool to prove them alive then: created or registered streams only.
+  reclaim_item item;
+  small_vector<uint64_t, 8> seen;
+  auto add = [&](const stream_ref& s, const fence_ref* recorded) -> arcpool_status_t {
+    for (uint64_t id : seen)
+      if (id == s.id) return ARCPOOL_STATUS_SUCCESS;
+    seen.push_back(s.id);
+    if (!s.reachable()) {
+      if (a.current_fence && s.id == a.current.id) item.fences.push_back(a.current_fence);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    if (s.retired()) {
+      item.fences.push_back(s.entry->final_fence());
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    bool capturing = true;
+    if (s.id != caller.id)
+      ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &capturing));
+    if (capturing) {
+      if (!s.entry) {
+        return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                    "deallocate of %s during a capture: stream %p captures and is not one arcpool "
+                    "created or registered, so arcpool cannot fence it after the graph's end",
+                    a.describe().c_str(), static_cast<void*>(s.handle));
+      }
+      item.fence_later.push_back(s);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    if (recorded != nullptr) {
+      item.fences.push_back(*recorded);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    fence_ref f;
+    ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
+    item.fences.push_back(std::move(f));
+    return ARCPOOL_STATUS_SUCCESS;
+  };
+  ARCPOOL_RETURN_IF_ERROR(add(caller, nullptr));
+  ARCPOOL_RETURN_IF_ERROR(add(a.current, nullptr));
+  for (const use_record& u : a.uses) {
+    const bool now = u.at_deallocation && u.stream.reachable();
+    ARCPOOL_RETURN_IF_ERROR(add(u.stream, now ? nullptr : &u.fence));
+  }
+  item.pointer = a.placement.base;
+  item.bytes = a.placement.held_bytes;
+  item.origin = a.placement.origin;
+  item.routed_to_origin = true;
+  auto* gate = new (std::nothrow) graph_gate{*this, std::move(item)};
+  if (gate == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a free");
+  // The ownership change cannot fail now (deallocate checked it under this record's lock), so
+  // it follows the one call that can: a failed defer leaves the allocation as it was.
+  record_created();
+  if (arcpool_status_t status = driver_->graph_defer(capture.graph, &graph_gate::open, gate);
+      status != ARCPOOL_STATUS_SUCCESS) {
+    delete gate;
+    record_destroyed();
+    return status;
+  }
+  const arcpool_status_t status = commit(a, force, implicit, caller.handle);
+  a.uses.clear();
+  stats_.count(stat::graph_deferred_frees);
+  return status;
+}
+
+}  // namespace arcpool::detail

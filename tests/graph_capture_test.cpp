@@ -1,0 +1,281 @@
+// Allocation and deallocation during CUDA graph capture (docs/graphs.md), on the CUDA driver:
+// on simcuda in CI, on a GPU when there is one. The host drivers build no graphs and keep
+// answering UNSUPPORTED (Errors.ACapturingStreamIsUnsupportedAndNothingChanges).
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "arcpool/arcpool.h"
+#include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBytes = 4096;
+
+cudaStream_t cu(arcpool_stream_t s) {
+  return reinterpret_cast<cudaStream_t>(s);
+}
+
+/// The CUDA driver with its per-stream cache on (the fixture turns it off by default).
+class GraphCapture : public DriverTest {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.stream_cache_bytes = size_t{1} << 20;
+  }
+  void TearDown() override {
+    if (const std::string v = take_simcuda_violations(); !v.empty()) {
+      ADD_FAILURE() << "simcuda violations:\n" << v;
+    }
+    DriverTest::TearDown();
+  }
+
+  void begin(arcpool_stream_t s) {
+    ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(cu(s), cudaStreamCaptureModeThreadLocal));
+  }
+  cudaGraph_t end(arcpool_stream_t s) {
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(cu(s), &graph));
+    return graph;
+  }
+  /// Makes later captured work on `to` follow the work captured on `from` so far.
+  void edge(arcpool_stream_t from, arcpool_stream_t to) {
+    cudaEvent_t e = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ASSERT_EQ(cudaSuccess, cudaEventRecord(e, cu(from)));
+    ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(cu(to), e, 0));
+    cudaEventDestroy(e);
+  }
+  cudaGraphExec_t instantiate(cudaGraph_t graph) {
+    cudaGraphExec_t exec = nullptr;
+    EXPECT_EQ(cudaSuccess, cudaGraphInstantiate(&exec, graph, 0));
+    return exec;
+  }
+  bool is_graph_memory(const arcpool_allocation_t* a) const {
+    return (placement(a).flags & ARCPOOL_PLACEMENT_FLAG_GRAPH) != 0;
+  }
+};
+
+/// Page-locked bytes a graph copies into, for the host to verify after each launch.
+struct host_bytes {
+  unsigned char* p = nullptr;
+  host_bytes() {
+    void* v = nullptr;
+    EXPECT_EQ(cudaSuccess, cudaHostAlloc(&v, kBytes, cudaHostAllocMapped));
+    p = static_cast<unsigned char*>(v);
+  }
+  ~host_bytes() { cudaFreeHost(p); }
+  bool all(unsigned char v) const {
+    for (size_t i = 0; i < kBytes; ++i)
+      if (p[i] != v) return false;
+    return true;
+  }
+};
+
+TEST_P(GraphCapture, AProducerConsumerPipelineReplays100TimesWithItsFreeInTheGraph) {
+  arcpool_stream_t producer = make_stream(), consumer = make_stream();
+  host_bytes host;
+  const arcpool_stats_t before = stats();
+  begin(producer);
+  arcpool_allocation_t* a = allocate(kBytes, producer);
+  EXPECT_TRUE(is_graph_memory(a));
+  fill_async(producer, data(a), kBytes, 7);
+  edge(producer, consumer);  // fork: the consumer reads what the producer wrote
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(host.p, data(a), kBytes, cudaMemcpyDefault, cu(consumer)));
+  edge(consumer, producer);  // join: the free follows the read
+  ASSERT_OK(arcpool_deallocate_async(a, producer, 0));
+  arcpool_allocation_release(a);
+  cudaGraph_t graph = end(producer);
+  ASSERT_NE(nullptr, graph);
+  const arcpool_stats_t captured = stats();
+  EXPECT_EQ(before.graph_allocations + 1, captured.graph_allocations);
+  EXPECT_EQ(before.graph_frees + 1, captured.graph_frees);
+  EXPECT_EQ(0u, captured.graph_bytes_in_use_current);
+  EXPECT_EQ(kBytes, captured.graph_bytes_in_use_peak);
+  EXPECT_EQ(before.bytes_held_current, captured.bytes_held_current) << "not the pool's memory";
+  cudaGraphExec_t exec = instantiate(graph);
+  for (int launch = 0; launch < 100; ++launch) {
+    std::memset(host.p, 0, kBytes);
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(producer)));
+    sync(producer);
+    ASSERT_TRUE(host.all(7)) << "launch " << launch;
+  }
+  EXPECT_EQ("", take_simcuda_violations());
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+}
+
+TEST_P(GraphCapture, AFreeOnAnotherCapturedStreamFollowsTheCurrentStreamsCapturedWork) {
+  arcpool_stream_t producer = make_stream(), consumer = make_stream();
+  begin(producer);
+  arcpool_allocation_t* a = allocate(kBytes, producer);
+  edge(producer, consumer);  // fork before the fill: only arcpool orders the free after it
+  fill_async(producer, data(a), kBytes, 1);
+  ASSERT_OK(arcpool_deallocate_async(a, consumer, 0));
+  arcpool_allocation_release(a);
+  edge(consumer, producer);
+  cudaGraph_t graph = end(producer);
+  ASSERT_NE(nullptr, graph);
+  cudaGraphExec_t exec = instantiate(graph);
+  for (int launch = 0; launch < 10; ++launch)
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(producer)));
+  sync(producer);
+  EXPECT_EQ("", take_simcuda_violations()) << "the free node must follow the fill";
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+}
+
+TEST_P(GraphCapture, GraphMemoryTheGraphDoesNotFreeIsFreedOutsideAfterALaunch) {
+  arcpool_stream_t s = make_stream();
+  begin(s);
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  void* const p = data(a);
+  fill_async(s, p, kBytes, 3);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  cudaGraphExec_t exec = instantiate(graph);
+  ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+  // cudaGraphLaunch: a relaunch with the last launch's allocation unfreed fails.
+  EXPECT_EQ(cudaErrorInvalidValue, cudaGraphLaunch(exec, cu(s)));
+  cudaGetLastError();
+  const arcpool_stats_t before = stats();
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  const arcpool_stats_t after = stats();
+  EXPECT_EQ(before.cache_frees, after.cache_frees) << "graph memory is never cached";
+  EXPECT_EQ(0u, after.graph_bytes_in_use_current);
+  ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s))) << "freed outside: relaunch allowed";
+  // That launch's allocation has no arcpool record: free it the way CUDA says.
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, cu(s)));
+  sync(s);
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+}
+
+TEST_P(GraphCapture, EarlierMemoryFreedDuringCaptureIsReclaimedOnlyAfterTheGraphIsGone) {
+  arcpool_stream_t s = make_stream(), other = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  void* const block = data(a);
+  begin(s);
+  fill_async(s, block, kBytes, 5);
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  EXPECT_EQ(1u, stats().graph_deferred_frees);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  cudaGraphExec_t exec = instantiate(graph);
+  ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+  sync(s);
+  // The graph may use the block at every launch while it lives: it is lent to no one.
+  arcpool_allocation_t* b = allocate(kBytes, other);
+  EXPECT_NE(block, data(b));
+  ASSERT_OK(arcpool_deallocate_async(b, other, 0));
+  arcpool_allocation_release(b);
+  sync(other);
+  EXPECT_EQ(0u, core().reclaim_pending()) << "the free waits for the graph, not the reclaimer";
+  EXPECT_EQ(kBytes, stats().bytes_held_current - stats().bytes_cached_current);
+  ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  // The user object's destructor hands the free to the reclaim worker, which fences the
+  // stream once more and frees on it.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (stats().bytes_held_current - stats().bytes_cached_current != 0 &&
+         std::chrono::steady_clock::now() < until) {
+    sync(s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
+TEST_P(GraphCapture, TheStreamCacheIsNeitherHitNorFilledDuringCapture) {
+  arcpool_stream_t s = make_stream();
+  arcpool_allocation_t* cached = allocate(kBytes, s);
+  void* const block = data(cached);
+  ASSERT_OK(arcpool_deallocate_async(cached, s, 0));
+  arcpool_allocation_release(cached);
+  const arcpool_stats_t before = stats();
+  ASSERT_EQ(kBytes, before.bytes_cached_current);
+  begin(s);
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  EXPECT_NE(block, data(a)) << "a cache hit would put pool memory in the graph";
+  EXPECT_EQ(before.cache_hits, stats().cache_hits);
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  EXPECT_EQ(before.cache_frees, stats().cache_frees) << "graph memory is never cached";
+  EXPECT_EQ(kBytes, stats().bytes_cached_current);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  arcpool_allocation_t* again = allocate(kBytes, s);
+  EXPECT_EQ(block, data(again)) << "the cached block is still there after the capture";
+  ASSERT_OK(arcpool_deallocate_async(again, s, 0));
+  arcpool_allocation_release(again);
+}
+
+TEST_P(GraphCapture, TransfersAndUseRecordsOnACapturingStreamAreRefused) {
+  arcpool_stream_t s = make_stream(), capturing = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  begin(capturing);
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_transfer(a, capturing));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_record_use(a, capturing));
+  arcpool_allocation_t* g = allocate(kBytes, capturing);
+  // Graph memory is not usable outside its graph before a launch.
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(g, s, 0));
+  ASSERT_OK(arcpool_deallocate_async(g, capturing, 0));
+  arcpool_allocation_release(g);
+  cudaGraph_t graph = end(capturing);
+  ASSERT_NE(nullptr, graph);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(a).state);
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+}
+
+TEST_P(GraphCapture, AGlobalCaptureOnAnotherThreadIsNotBrokenByArcpoolsCalls) {
+  arcpool_stream_t s = make_stream(), captured = make_stream(), other = make_stream();
+  cudaError_t ended = cudaErrorUnknown;
+  std::atomic<int> step{0};
+  std::thread capturer([&] {
+    cudaSetDevice(0);
+    EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(cu(captured), cudaStreamCaptureModeGlobal));
+    arcpool_allocation_t* g = allocate(kBytes, captured);
+    EXPECT_OK(arcpool_deallocate_async(g, captured, 0));
+    arcpool_allocation_release(g);
+    step = 1;
+    while (step.load() != 2)
+      std::this_thread::yield();
+    cudaGraph_t graph = nullptr;
+    ended = cudaStreamEndCapture(cu(captured), &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  });
+  while (step.load() != 1)
+    std::this_thread::yield();
+  // Allocations, same-stream and routed frees, fences and the reclaim worker's queries, while
+  // the other thread's global capture is open.
+  for (int i = 0; i < 20; ++i) {
+    arcpool_allocation_t* a = allocate(kBytes, s);
+    fill_async(s, data(a), kBytes, i);
+    ASSERT_OK(arcpool_record_use(a, other));
+    ASSERT_OK(arcpool_deallocate_async(a, other, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+    arcpool_allocation_release(a);
+  }
+  step = 2;
+  capturer.join();
+  EXPECT_EQ(cudaSuccess, ended) << "the capture was invalidated by an arcpool call";
+  sync(s);
+  sync(other);
+  finish_reclaims();
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, GraphCapture, ::testing::Values(driver_param(ARCPOOL_DRIVER_CUDA)),
+                         [](const ::testing::TestParamInfo<driver_param>& i) {
+                           return i.param.name();
+                         });
+
+}  // namespace
+}  // namespace arcpool::test
