@@ -258,6 +258,20 @@ TEST_P(Errors, ACapturingStreamIsUnsupportedAndNothingChanges) {
   arcpool_allocation_release(on_capturing);
 }
 
+TEST_P(Errors, GraphPoolsNeedTheCudaDriver) {
+  arcpool_graph_pool_t* pool = nullptr;
+  if (core().drv().supports_graphs()) {
+    ASSERT_OK(arcpool_graph_pool_create(alloc_, &pool));
+    EXPECT_NE(nullptr, pool);
+  } else {
+    EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_graph_pool_create(alloc_, &pool));
+    EXPECT_EQ(nullptr, pool);
+  }
+  EXPECT_OK(arcpool_graph_pool_release(pool));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_graph_pool_create(alloc_, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_graph_pool_begin(nullptr, s_));
+}
+
 /// design.md §7: before out-of-memory is reported, pending reclaims are completed.
 class OutOfMemory : public Errors {
  protected:

@@ -3,9 +3,11 @@
 // answering UNSUPPORTED (Errors.ACapturingStreamIsUnsupportedAndNothingChanges).
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "arcpool/arcpool.h"
 #include "support/driver_test.hpp"
@@ -272,7 +274,154 @@ TEST_P(GraphCapture, AGlobalCaptureOnAnotherThreadIsNotBrokenByArcpoolsCalls) {
   finish_reclaims();
 }
 
+/// Graph pools: a pool bound to the capture of `s`.
+class GraphPools : public GraphCapture {
+ protected:
+  void TearDown() override {
+    arcpool_graph_pool_release(pool_);
+    GraphCapture::TearDown();
+  }
+  void bind(arcpool_stream_t s) {
+    if (pool_ == nullptr) {
+      ASSERT_OK(arcpool_graph_pool_create(alloc_, &pool_));
+    }
+    ASSERT_OK(arcpool_graph_pool_begin(pool_, s));
+  }
+  bool is_pool_block(const arcpool_allocation_t* a) const {
+    return (placement(a).flags & ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL) != 0;
+  }
+  /// Waits (up to 10 s) until the graph pools hold nothing: the release ran.
+  bool pools_released() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (stats().graph_pool_bytes_current != 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return stats().graph_pool_bytes_current == 0;
+  }
+  arcpool_graph_pool_t* pool_ = nullptr;
+};
+
+TEST_P(GraphPools, APoolsBlockIsReusedInTheCaptureAndLentToNoOneElseWhileThePoolLives) {
+  arcpool_stream_t s = make_stream(), other = make_stream();
+  host_bytes host;
+  begin(s);
+  bind(s);
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  ASSERT_TRUE(is_pool_block(a));
+  EXPECT_FALSE(is_graph_memory(a)) << "pool memory reserved outside the capture";
+  void* const block = data(a);
+  fill_async(s, block, kBytes, 2);
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  arcpool_allocation_t* b = allocate(kBytes, s);
+  EXPECT_EQ(block, data(b)) << "freed earlier on the same stream of the capture";
+  fill_async(s, data(b), kBytes, 4);
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(host.p, data(b), kBytes, cudaMemcpyDefault, cu(s)));
+  ASSERT_OK(arcpool_deallocate_async(b, s, 0));
+  arcpool_allocation_release(b);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  EXPECT_EQ(kBytes, stats().graph_pool_bytes_current);
+  EXPECT_EQ(2u, stats().graph_frees);
+  cudaGraphExec_t exec = instantiate(graph);
+  for (int launch = 0; launch < 10; ++launch) {
+    std::memset(host.p, 0, kBytes);
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+    sync(s);
+    ASSERT_TRUE(host.all(4)) << "launch " << launch;
+  }
+  // Work outside the graph never gets the pool's block, even once the handle is released.
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  for (int i = 0; i < 4; ++i) {
+    arcpool_allocation_t* outside = allocate(kBytes, other);
+    EXPECT_NE(block, data(outside));
+    ASSERT_OK(arcpool_deallocate_async(outside, other, 0));
+    arcpool_allocation_release(outside);
+  }
+  sync(other);
+  EXPECT_EQ(kBytes, stats().graph_pool_bytes_current) << "the graph still uses it";
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  EXPECT_TRUE(pools_released());
+  finish_reclaims();
+}
+
+TEST_P(GraphPools, UnjoinedBranchesNeverShareAFreedBlock) {
+  arcpool_stream_t s = make_stream(), branch = make_stream();
+  begin(s);
+  bind(s);
+  edge(s, branch);  // fork
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  fill_async(s, data(a), kBytes, 1);
+  void* const block = data(a);
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  arcpool_allocation_t* b = allocate(kBytes, branch);
+  EXPECT_TRUE(is_pool_block(b)) << "any stream of the bound capture allocates from the pool";
+  EXPECT_NE(block, data(b)) << "the branch is not ordered after the free on the other stream";
+  fill_async(branch, data(b), kBytes, 2);
+  ASSERT_OK(arcpool_deallocate_async(b, branch, 0));
+  arcpool_allocation_release(b);
+  edge(branch, s);  // join
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  cudaGraphExec_t exec = instantiate(graph);
+  ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+  sync(s);
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  EXPECT_TRUE(pools_released());
+  finish_reclaims();
+}
+
+TEST_P(GraphPools, ABlockTheGraphKeepsGoesBackToThePoolWhenItsOwnerDeallocatesIt) {
+  arcpool_stream_t s = make_stream();
+  begin(s);
+  bind(s);
+  arcpool_allocation_t* out = allocate(kBytes, s);  // the graph's output, kept after capture
+  fill_async(s, data(out), kBytes, 8);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  cudaGraphExec_t exec = instantiate(graph);
+  for (int launch = 0; launch < 3; ++launch)
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s))) << "pool memory: no relaunch rule";
+  sync(s);
+  expect_filled(data(out), kBytes, 8);
+  EXPECT_EQ(kBytes, stats().graph_bytes_in_use_current);
+  ASSERT_OK(arcpool_deallocate_async(out, s, 0));
+  arcpool_allocation_release(out);
+  EXPECT_EQ(0u, stats().graph_bytes_in_use_current);
+  EXPECT_EQ(kBytes, stats().graph_pool_bytes_current) << "still the pool's, not the allocator's";
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  EXPECT_TRUE(pools_released());
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
+TEST_P(GraphPools, BeginNeedsACapturingStreamAndEndABegin) {
+  arcpool_stream_t s = make_stream();
+  ASSERT_OK(arcpool_graph_pool_create(alloc_, &pool_));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_graph_pool_begin(pool_, s));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_graph_pool_end(pool_, s));
+  begin(s);
+  ASSERT_OK(arcpool_graph_pool_begin(pool_, s));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_graph_pool_begin(pool_, s))
+      << "one pool per capture";
+  cudaGraph_t graph = end(s);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s)) << "after the capture ended, too";
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+}
+
 INSTANTIATE_TEST_SUITE_P(Cuda, GraphCapture, ::testing::Values(driver_param(ARCPOOL_DRIVER_CUDA)),
+                         [](const ::testing::TestParamInfo<driver_param>& i) {
+                           return i.param.name();
+                         });
+INSTANTIATE_TEST_SUITE_P(Cuda, GraphPools, ::testing::Values(driver_param(ARCPOOL_DRIVER_CUDA)),
                          [](const ::testing::TestParamInfo<driver_param>& i) {
                            return i.param.name();
                          });

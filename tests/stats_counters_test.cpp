@@ -258,13 +258,15 @@ std::vector<StatsCounters::row> StatsCounters::table() {
 #if defined(__SANITIZE_ADDRESS__)
            __lsan::ScopedDisabler leaks_expected;  // the failed free loses the block
 #endif
-           a_ = alloc(kBig, s_);
+           a_ = alloc(kBig, app_);
          }
-         ASSERT_OK(core().drv().stream_begin_capture(s_));
+         ASSERT_OK(core().drv().stream_begin_capture(app_));
        },
-       [this] { release(a_); },  // the implicit free cannot touch a capturing stream
+       // The implicit free cannot touch a capturing stream; on the CUDA driver, which defers
+       // such frees to the graph's end, not one arcpool cannot prove alive then (docs/graphs.md).
+       [this] { release(a_); },
        {{"reclaim_failures", 1}},
-       [this] { core().drv().stream_end_capture(s_); },
+       [this] { core().drv().stream_end_capture(app_); },
        /*quiesce=*/false},
   };
 }

@@ -413,7 +413,10 @@ typedef enum arcpool_placement_flags_t {
   ARCPOOL_PLACEMENT_FLAG_EXTERNAL = 1u << 2,
   /** Graph memory: allocated on a stream capturing a CUDA graph (a graph allocation node, owned
    * by the graph, not the pool; its address is fixed for the graph's life). docs/graphs.md. */
-  ARCPOOL_PLACEMENT_FLAG_GRAPH = 1u << 3
+  ARCPOOL_PLACEMENT_FLAG_GRAPH = 1u << 3,
+  /** Lent by a graph pool during a capture: pool memory reserved outside the capture, which
+   * goes back to its graph pool, never to the allocator's pool, when deallocated. */
+  ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL = 1u << 4
 } arcpool_placement_flags_t;
 
 /** Version of arcpool_placement_t this header describes. */
@@ -682,6 +685,39 @@ ARCPOOL_API arcpool_status_t arcpool_allocator_log_open(arcpool_allocator_t* all
 ARCPOOL_API arcpool_status_t arcpool_allocator_log_close(arcpool_allocator_t* allocator);
 
 /* ----------------------------------------------------------------------------------------- */
+/* Graph pools (docs/graphs.md)                                                                */
+/* ----------------------------------------------------------------------------------------- */
+
+/** A graph pool: memory of an allocator's pool, reserved outside any capture and lent only to
+ * the captures it is bound to (arcpool's counterpart of PyTorch's private graph pools). */
+typedef struct arcpool_graph_pool arcpool_graph_pool_t;
+
+/** Creates an empty graph pool of `allocator` (CUDA driver; UNSUPPORTED on the host drivers,
+ * which build no graphs). The caller owns one reference. */
+ARCPOOL_API arcpool_status_t arcpool_graph_pool_create(arcpool_allocator_t* allocator,
+                                                       arcpool_graph_pool_t** out_pool);
+
+/** Binds the capture that `stream` records into to `pool`: until arcpool_graph_pool_end, every
+ * allocation of the allocator on any stream of that capture comes from the pool. `stream` must
+ * be capturing, and created or registered. The pool grows outside the capture when it must (an
+ * allocation on the allocator's own stream, in relaxed capture mode, then a wait for it). A
+ * block freed during the capture is lent again only to later allocations on the same stream in
+ * that capture; once the capture's graph is gone, to any later capture bound to the pool.
+ * Blocks deallocated outside captures are lent to later captures bound to the pool: graphs
+ * that share a pool must not run concurrently. Never blocks, except when the pool grows. */
+ARCPOOL_API arcpool_status_t arcpool_graph_pool_begin(arcpool_graph_pool_t* pool,
+                                                      arcpool_stream_t stream);
+
+/** Unbinds the captures of `pool` begun on `stream` (before or after the capture ended). */
+ARCPOOL_API arcpool_status_t arcpool_graph_pool_end(arcpool_graph_pool_t* pool,
+                                                    arcpool_stream_t stream);
+
+/** Drops the caller's reference. The pool's memory goes back to the allocator's pool once the
+ * graphs of every capture bound to it are destroyed (with their instantiations and launches)
+ * and every allocation lent from it is deallocated. NULL is a no-op. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* pool);
+
+/* ----------------------------------------------------------------------------------------- */
 /* Statistics                                                                                  */
 /* ----------------------------------------------------------------------------------------- */
 
@@ -723,11 +759,14 @@ ARCPOOL_API arcpool_status_t arcpool_allocator_log_close(arcpool_allocator_t* al
 /** Graph memory (allocations on capturing streams; docs/graphs.md), reported apart from the
  * pool's: gauges with `_current` and `_peak` fields, then counters, after the pool's figures
  * (version 2 of arcpool_stats_t; a version 1 caller's struct ends before them). */
-#define ARCPOOL_STATS_GRAPH_GAUGES(X) \
-  X(graph_bytes_in_use, "bytes of live graph allocations (graph memory, not the pool's)")
-#define ARCPOOL_STATS_GRAPH_COUNTERS(X)                                         \
-  X(graph_allocations, "graph allocations (allocations on a capturing stream)") \
-  X(graph_frees, "graph allocations freed in their capture (free nodes)")       \
+#define ARCPOOL_STATS_GRAPH_GAUGES(X)                                   \
+  X(graph_bytes_in_use,                                                 \
+    "bytes of live allocations made during captures (graph memory and " \
+    "graph pools')")                                                    \
+  X(graph_pool_bytes, "bytes graph pools reserved from the pool (part of bytes_held)")
+#define ARCPOOL_STATS_GRAPH_COUNTERS(X)                                                      \
+  X(graph_allocations, "allocations on capturing streams (graph memory or a graph pool's)")  \
+  X(graph_frees, "allocations freed in their capture (free nodes, or back to a graph pool)") \
   X(graph_deferred_frees, "frees of earlier memory during a capture, deferred to the graph's end")
 
 /** Version of arcpool_stats_t this header describes. */

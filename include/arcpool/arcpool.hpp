@@ -256,6 +256,33 @@ class stream {
 
 /// An allocator for one device. Owns its C handle; live buffers keep the underlying allocator
 /// alive after this object is gone. Move-only.
+/// A graph pool (arcpool_graph_pool_create): memory lent only to the captures bound to it.
+/// Move-only; the destructor releases the handle's reference.
+class graph_pool {
+ public:
+  graph_pool() noexcept = default;
+  /// Creates a pool of `allocator` (the CUDA driver).
+  explicit graph_pool(arcpool_allocator_t* allocator) {
+    detail::check(arcpool_graph_pool_create(allocator, &handle_));
+  }
+  graph_pool(graph_pool&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  graph_pool& operator=(graph_pool&& other) noexcept {
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  ~graph_pool() { arcpool_graph_pool_release(handle_); }
+
+  /// The C handle (borrowed).
+  arcpool_graph_pool_t* get() const noexcept { return handle_; }
+  /// Binds the capture `s` records into (arcpool_graph_pool_begin).
+  void begin(stream_t s) { detail::check(arcpool_graph_pool_begin(handle_, s)); }
+  /// Unbinds the captures begun on `s` (arcpool_graph_pool_end).
+  void end(stream_t s) { detail::check(arcpool_graph_pool_end(handle_, s)); }
+
+ private:
+  arcpool_graph_pool_t* handle_ = nullptr;
+};
+
 class allocator {
  public:
   /// Default options (device 0, AUTO driver).

@@ -7,6 +7,7 @@
 #include "api/default_allocators.hpp"
 #include "core/allocation.hpp"
 #include "core/allocator.hpp"
+#include "core/graph_pool.hpp"
 #include "core/pointer_map.hpp"
 #include "observe/nvtx.hpp"
 #include "support/status.hpp"
@@ -493,6 +494,42 @@ arcpool_status_t arcpool_ambient_free(arcpool_allocator_t* allocator, void* poin
   ARCPOOL_REQUIRE_ARG(allocator);
   nvtx::range range(nvtx::op::deallocate, 0, nullptr);
   return guarded([&] { return from_handle(allocator)->ambient_free(pointer); });
+}
+
+// --- Graph pools -----------------------------------------------------------------------------
+
+arcpool_status_t arcpool_graph_pool_create(arcpool_allocator_t* allocator,
+                                           arcpool_graph_pool_t** out_pool) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_pool);
+  *out_pool = nullptr;
+  return guarded([&] {
+    arcpool::detail::graph_pool* pool = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(from_handle(allocator)->create_graph_pool(&pool));
+    *out_pool = pool->handle();
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
+arcpool_status_t arcpool_graph_pool_begin(arcpool_graph_pool_t* pool, arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(pool);
+  return guarded([&] {
+    arcpool::detail::graph_pool& p = *arcpool::detail::graph_pool::from(pool);
+    return p.owner().begin_graph_pool(p, stream);
+  });
+}
+
+arcpool_status_t arcpool_graph_pool_end(arcpool_graph_pool_t* pool, arcpool_stream_t stream) {
+  ARCPOOL_REQUIRE_ARG(pool);
+  return guarded([&] {
+    arcpool::detail::graph_pool& p = *arcpool::detail::graph_pool::from(pool);
+    return p.owner().end_graph_pool(p, stream);
+  });
+}
+
+arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* pool) {
+  if (pool != nullptr) arcpool::detail::graph_pool::from(pool)->release();
+  return ARCPOOL_STATUS_SUCCESS;
 }
 
 // --- Statistics ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 namespace arcpool::detail {
 class allocation;
 class allocator;
+class graph_pool;
 }  // namespace arcpool::detail
 
 /// The C handle. The primary handle of an allocation is its control record itself; a view is a
@@ -58,7 +59,13 @@ class allocation final : public arcpool_allocation {
     size_t held_bytes = 0;  ///< bytes taken from the pool for it (0 for imports)
     arcpool_on_free_t on_free = nullptr;
     void* on_free_user_data = nullptr;
-    uint64_t capture_id = 0;  ///< graph memory: the capture sequence that allocated it
+    /// Graph memory: the capture sequence that allocated it (`capture_id`). A graph pool's
+    /// block: the pool that lent it (`lender`, holding one of its references). One or the
+    /// other by the placement flags, so that the record stays within its 320-byte block.
+    union {
+      uint64_t capture_id;
+      graph_pool* lender;
+    } made_by = {0};
   };
 
   allocation(allocator& owner, const params& p);
@@ -103,6 +110,16 @@ class allocation final : public arcpool_allocation {
     return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_EXTERNAL;
   }
   bool graph() const noexcept { return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_GRAPH; }
+  /// The graph pool that lent this block, or null.
+  graph_pool* lender() const noexcept {
+    return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL ? placement.made_by.lender
+                                                                         : nullptr;
+  }
+  /// Graph memory, or a graph pool's block: counted apart from the pool's allocations.
+  bool made_in_capture() const noexcept {
+    return placement.placement_flags &
+           (ARCPOOL_PLACEMENT_FLAG_GRAPH | ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL);
+  }
 
   /// Adds a reference (R).
   void retain() noexcept { refs.increment(); }

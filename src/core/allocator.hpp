@@ -80,6 +80,15 @@ class allocator {
   /// R reached 0: frees the record, and the memory where design.md §3 says so.
   void on_last_reference(allocation* a) noexcept;
 
+  // --- Graph pools (capture.cpp, docs/graphs.md) -----------------------------------------
+  arcpool_status_t create_graph_pool(graph_pool** out);
+  /// Binds the capture `s` records into to `pool`.
+  arcpool_status_t begin_graph_pool(graph_pool& pool, stream_handle s);
+  /// Unbinds the captures of `pool` begun on `s`.
+  arcpool_status_t end_graph_pool(graph_pool& pool, stream_handle s);
+  /// A bound capture's graph is gone: its binding goes (the CUDA runtime's thread; no call).
+  void unbind_capture(uint64_t capture) noexcept;
+
   // --- By pointer (frameworks, memory resources), by_pointer.cpp ------------------------
   /// Allocates and records the allocation by its data pointer (null for zero bytes).
   arcpool_status_t malloc_by_pointer(size_t size, size_t alignment, stream_handle s, void** out);
@@ -135,6 +144,12 @@ class allocator {
 
   // --- Graph capture (capture.cpp, docs/graphs.md) --------------------------------------
   friend struct graph_gate;
+  friend class graph_pool;
+  /// The graph pool bound to capture `capture`, or null.
+  graph_pool* bound_pool(uint64_t capture);
+  /// Deallocates a graph pool's block: back to its pool, tagged for what may reuse it.
+  arcpool_status_t return_to_graph_pool(allocation& a, const stream_ref& caller, bool force,
+                                        bool implicit);
   /// resolve_stream_slow for a capturing stream: only created and registered streams, found
   /// by handle (whether cudaStreamGetId is legal during capture is undocumented).
   arcpool_status_t resolve_capturing_stream(stream_handle s, stream_ref* out);
@@ -205,9 +220,12 @@ class allocator {
   /// flags by `caller`: arcpool's own memory of a determinate lifetime, no use records, and
   /// the caller is its origin and current stream, alive and nameable from this thread.
   static bool is_same_stream_free(const allocation& a, const stream_ref& caller) noexcept {
-    return !a.external() && !a.indeterminate() && a.placement.size != 0 && a.uses.empty() &&
-           caller.id == a.placement.origin.id && a.current.id == caller.id && !caller.retired() &&
-           !a.current.retired() && caller.reachable();
+    constexpr uint32_t kOtherPaths = ARCPOOL_PLACEMENT_FLAG_EXTERNAL |
+                                     ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME |
+                                     ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL;
+    return (a.placement.placement_flags & kOtherPaths) == 0 && a.placement.size != 0 &&
+           a.uses.empty() && caller.id == a.placement.origin.id && a.current.id == caller.id &&
+           !caller.retired() && !a.current.retired() && caller.reachable();
   }
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
@@ -236,6 +254,14 @@ class allocator {
   const std::unique_ptr<driver> driver_;
   stats stats_;
   event_pool events_;
+  /// Captures bound to graph pools (slow path only: allocations on capturing streams).
+  struct graph_binding {
+    uint64_t capture;
+    stream_handle begun_on;
+    graph_pool* pool;
+  };
+  std::mutex graph_bindings_mutex_;
+  std::vector<graph_binding> graph_bindings_;
   stream_registry streams_;
   reclaimer reclaimer_;
   block_cache legacy_cache_;  ///< the legacy default stream's fast path

@@ -2,7 +2,10 @@
 // allocation nodes, free nodes, and frees of earlier memory deferred to the graph's end.
 #include <new>
 
+#include <algorithm>
+
 #include "core/allocator.hpp"
+#include "core/graph_pool.hpp"
 #include "observe/nvtx.hpp"
 #include "support/status.hpp"
 
@@ -67,24 +70,41 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
   p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS | ARCPOOL_PLACEMENT_FLAG_GRAPH;
   p.size = size;
   p.alignment = alignment;
-  p.capture_id = capture.id;
-  if (size != 0) {
-    // No cache: a cached block would be pool memory inside the graph, or graph memory lent
-    // outside it. No hard limit and no out-of-memory retry: the memory is the graph's.
-    const size_t extra =
-        alignment > ARCPOOL_DEFAULT_ALIGNMENT ? alignment - ARCPOOL_DEFAULT_ALIGNMENT : 0;
-    if (size > SIZE_MAX - extra) {
-      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t",
-                  size, alignment);
-    }
-    p.held_bytes = size + extra;
-    ARCPOOL_RETURN_IF_ERROR(driver_->pool_allocate(p.held_bytes, origin.handle, &p.base));
-    const auto v = reinterpret_cast<uintptr_t>(p.base);
-    p.data = reinterpret_cast<void*>((v + alignment - 1) & ~(uintptr_t{alignment} - 1));
+  // Alignments above the pool's are served by over-allocating and aligning up.
+  const size_t extra =
+      alignment > ARCPOOL_DEFAULT_ALIGNMENT ? alignment - ARCPOOL_DEFAULT_ALIGNMENT : 0;
+  if (size > SIZE_MAX - extra) {
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t", size,
+                alignment);
   }
+  // No stream cache either way: a cached block would be pool memory inside the graph, or graph
+  // memory lent outside it.
+  graph_pool* lender = size != 0 ? bound_pool(capture.id) : nullptr;
+  if (lender != nullptr) {
+    // A graph pool's block: pool memory reserved outside the capture.
+    ARCPOOL_RETURN_IF_ERROR(
+        lender->take(size + extra, capture.id, origin.id, &p.base, &p.held_bytes));
+    p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS | ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL;
+    p.made_by.lender = lender;
+    lender->retain();
+  } else {
+    // A graph allocation node. No hard limit and no out-of-memory retry: it is the graph's.
+    p.made_by.capture_id = capture.id;
+    if (size != 0) {
+      p.held_bytes = size + extra;
+      ARCPOOL_RETURN_IF_ERROR(driver_->pool_allocate(p.held_bytes, origin.handle, &p.base));
+    }
+  }
+  const auto v = reinterpret_cast<uintptr_t>(p.base);
+  p.data = reinterpret_cast<void*>((v + alignment - 1) & ~(uintptr_t{alignment} - 1));
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
-    if (p.base != nullptr) driver_->pool_free(p.base, p.held_bytes, origin.handle);
+    if (lender != nullptr) {
+      lender->give(p.base, p.held_bytes, graph_pool::tag{}, fence_list());
+      lender->release();
+    } else if (p.base != nullptr) {
+      driver_->pool_free(p.base, p.held_bytes, origin.handle);
+    }
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
   }
   record_created();
@@ -113,13 +133,13 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   capture_info capture;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
   if (a.graph()) {
-    if (a.placement.capture_id != capture.id) {
+    if (a.placement.made_by.capture_id != capture.id) {
       return fail(ARCPOOL_STATUS_UNSUPPORTED,
                   "deallocate of %s on stream %p: it is graph memory of capture %llu, and the "
                   "stream captures %llu; graph memory is freed in its own capture or outside "
                   "every capture, after a launch",
                   a.describe().c_str(), static_cast<void*>(caller.handle),
-                  static_cast<unsigned long long>(a.placement.capture_id),
+                  static_cast<unsigned long long>(a.placement.made_by.capture_id),
                   static_cast<unsigned long long>(capture.id));
     }
     // The current stream is the origin, which captures in this capture: transfers and use
@@ -203,6 +223,139 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   a.uses.clear();
   stats_.count(stat::graph_deferred_frees);
   return status;
+}
+
+graph_pool* allocator::bound_pool(uint64_t capture) {
+  std::lock_guard<std::mutex> lock(graph_bindings_mutex_);
+  for (const graph_binding& b : graph_bindings_)
+    if (b.capture == capture) return b.pool;
+  return nullptr;
+}
+
+arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref& caller,
+                                                 bool force, bool implicit) {
+  graph_pool::tag where;
+  fence_list fences;
+  bool capturing = false;
+  if (!caller.retired() && caller.reachable()) {
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(caller.handle, &capturing));
+  }
+  if (capturing) {
+    // Lent again only on this stream in this capture: stream order puts those allocations
+    // after this point, and this point after the work captured on the current stream.
+    capture_info capture;
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
+    if (a.current.id != caller.id) {
+      bool current_capturing = false;
+      ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(a.current.handle, &current_capturing));
+      if (current_capturing) ARCPOOL_RETURN_IF_ERROR(capture_edge(a.current.handle, caller.handle));
+    }
+    where = graph_pool::tag{capture.id, caller.id};
+  } else {
+    // Outside captures: the pool's final release waits for these uses.
+    ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
+  }
+  stats::local st = stats_.here();
+  ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle, st));
+  a.uses.clear();
+  if (capturing) st.count(stat::graph_frees);
+  graph_pool* lender = a.lender();
+  lender->give(a.placement.base, a.placement.held_bytes, where, std::move(fences));
+  lender->release();
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::create_graph_pool(graph_pool** out) {
+  if (!driver_->supports_graphs()) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "graph pools need the CUDA driver (this one builds "
+                "no graphs)");
+  }
+  graph_pool* pool = new (std::nothrow) graph_pool(*this);
+  if (pool == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a pool");
+  *out = pool;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+namespace {
+
+/// A capture bound to a graph pool: when the capture's graph is gone (the CUDA runtime's
+/// user-object thread; no CUDA call), its binding goes, its freed blocks become free for any
+/// bound capture, and the pool loses the capture's reference.
+struct capture_binding_gate {
+  graph_pool* pool;
+  uint64_t capture;
+  static void open(void* p) noexcept {
+    auto* gate = static_cast<capture_binding_gate*>(p);
+    gate->pool->owner().unbind_capture(gate->capture);
+    gate->pool->capture_ended(gate->capture);
+    gate->pool->release();
+    delete gate;
+  }
+};
+
+}  // namespace
+
+arcpool_status_t allocator::begin_graph_pool(graph_pool& pool, stream_handle s) {
+  if (&pool.owner() != this) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "the graph pool belongs to another allocator");
+  }
+  stream_ref ref;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &ref));
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
+  if (!capturing) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "graph pool begin: stream %p is not capturing a graph", static_cast<void*>(s));
+  }
+  capture_info capture;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(s, &capture));
+  {
+    std::lock_guard<std::mutex> lock(graph_bindings_mutex_);
+    for (const graph_binding& b : graph_bindings_) {
+      if (b.capture == capture.id) {
+        return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                    "graph pool begin: the capture of stream %p is bound to a graph pool already",
+                    static_cast<void*>(s));
+      }
+    }
+    graph_bindings_.push_back(graph_binding{capture.id, s, &pool});
+  }
+  auto* gate = new (std::nothrow) capture_binding_gate{&pool, capture.id};
+  arcpool_status_t status = gate == nullptr
+                                ? fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a binding")
+                                : ARCPOOL_STATUS_SUCCESS;
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    pool.retain();
+    status = driver_->graph_defer(capture.graph, &capture_binding_gate::open, gate);
+    if (status != ARCPOOL_STATUS_SUCCESS) {
+      delete gate;
+      pool.release();
+    }
+  }
+  if (status != ARCPOOL_STATUS_SUCCESS) unbind_capture(capture.id);
+  return status;
+}
+
+arcpool_status_t allocator::end_graph_pool(graph_pool& pool, stream_handle s) {
+  std::lock_guard<std::mutex> lock(graph_bindings_mutex_);
+  const auto bound = [&](const graph_binding& b) { return b.pool == &pool && b.begun_on == s; };
+  const auto it = std::remove_if(graph_bindings_.begin(), graph_bindings_.end(), bound);
+  if (it == graph_bindings_.end()) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "graph pool end: no capture was begun on stream %p with this pool",
+                static_cast<void*>(s));
+  }
+  graph_bindings_.erase(it, graph_bindings_.end());
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+void allocator::unbind_capture(uint64_t capture) noexcept {
+  std::lock_guard<std::mutex> lock(graph_bindings_mutex_);
+  graph_bindings_.erase(
+      std::remove_if(graph_bindings_.begin(), graph_bindings_.end(),
+                     [&](const graph_binding& b) { return b.capture == capture; }),
+      graph_bindings_.end());
 }
 
 }  // namespace arcpool::detail

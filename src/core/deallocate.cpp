@@ -152,7 +152,7 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
     log_.write("free", a.placement.data, a.placement.size, stream);
   }
   nvtx::forget_region(a.placement.data);
-  if (a.graph()) {
+  if (a.made_in_capture()) {
     st.sub(stat::graph_bytes_in_use, static_cast<int64_t>(a.placement.size));
   } else if (!a.external()) {
     st.sub(stat::bytes_in_use, static_cast<int64_t>(a.placement.size));
@@ -205,6 +205,9 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     a.uses.clear();
     return ARCPOOL_STATUS_SUCCESS;
   }
+
+  // A graph pool's block goes back to its pool, never to the allocator's.
+  if (a.lender() != nullptr) return return_to_graph_pool(a, caller, force, implicit);
 
   // Indeterminate lifetime: take the fences now, free nothing until the last reference goes.
   if (a.indeterminate()) {

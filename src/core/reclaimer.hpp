@@ -72,6 +72,9 @@ class reclaimer {
   /// Items queued and not yet completed.
   size_t pending() const;
 
+  /// The reclaimer's own non-blocking stream, created on first use; never captured.
+  arcpool_status_t reclaim_stream(stream_handle* out);
+
   /// Stops the worker (first completing every item with `drain_first`). The allocator calls
   /// it before destroying its streams; the destructor calls it again (a no-op then).
   void stop_worker(bool drain_first);
@@ -91,7 +94,6 @@ class reclaimer {
   bool take_late_fences(reclaim_item& item, bool* failed);
   /// Gives `item` back. Outside the lock.
   void complete(reclaim_item& item, bool failed, bool prefer_origin);
-  arcpool_status_t reclaim_stream(stream_handle* out);
 
   /// Enqueues the pool free of `item` on `s`, after the poison hook.
   arcpool_status_t free_on(reclaim_item& item, stream_handle s);

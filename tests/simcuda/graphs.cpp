@@ -141,7 +141,7 @@ uint64_t replay_node(exec_obj& x, const graph_node& n, std::unique_ptr<op> o) {
       o->host_function = n.host_function;
       const uint64_t seq = enqueue(lane, std::move(o));
       for (const node_access& t : n.touches)
-        check_access(lane, seq, t.p, t.bytes, t.host_ok, t.what + " (graph replay)");
+        check_access(lane, seq, t.p, t.bytes, t.host_ok, t.what + " (graph replay)", t.write);
       return seq;
     }
     case graph_node::kind::wait_external:

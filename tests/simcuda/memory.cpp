@@ -225,7 +225,7 @@ allocation* find_live(uintptr_t p, size_t bytes) {
 }
 
 void check_access(stream_obj& s, uint64_t seq, uintptr_t p, size_t bytes, bool host_ok,
-                  const std::string& what) {
+                  const std::string& what, bool write) {
   if (bytes == 0) return;
   const std::string who = format("%s on %s", what.c_str(), s.name().c_str());
   if (!is_device_address(p)) {
@@ -252,6 +252,18 @@ void check_access(stream_obj& s, uint64_t seq, uintptr_t p, size_t bytes, bool h
   if (a->alloc.stream != nullptr && s.clock.get(a->alloc.stream->id) < a->alloc.seq) {
     violation(format("use before allocation: %s is not ordered after %s", who.c_str(),
                      a->alloc_what.c_str()));
+  }
+  // Two writes of one allocation on different streams, neither ordered before the other, may
+  // run at the same time: a data race (compute-sanitizer's racecheck finds it in shared memory
+  // only; simcuda checks it for explicit writes: memsets and copy destinations).
+  if (write) {
+    for (const auto& [stream_id, w] : a->writes) {
+      if (stream_id != s.id && s.clock.get(stream_id) < w.seq) {
+        violation(
+            format("write-write race: %s is not ordered after %s", who.c_str(), w.what.c_str()));
+      }
+    }
+    a->writes[s.id] = {seq, who};
   }
   a->accesses[s.id] = {seq, who};
 }
@@ -468,7 +480,7 @@ cudaError_t memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind ki
     if (node != nullptr) {
       node->run = [d, sp, n] { std::memmove(alias_of(d), alias_of(sp), n); };
       node->touches.push_back({sp, n, true, std::string(call) + " (source)"});
-      node->touches.push_back({d, n, true, std::string(call) + " (destination)"});
+      node->touches.push_back({d, n, true, std::string(call) + " (destination)", true});
     }
     return ret(e);
   }
@@ -489,7 +501,8 @@ cudaError_t memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind ki
   }
   const uint64_t seq = enqueue(*s, std::move(o));
   check_access(*s, seq, sp, n, /*host_ok=*/true, std::string(call) + " (source)");
-  check_access(*s, seq, d, n, /*host_ok=*/true, std::string(call) + " (destination)");
+  check_access(*s, seq, d, n, /*host_ok=*/true, std::string(call) + " (destination)",
+               /*write=*/true);
   if (synchronous || dst_pageable) {
     const vclock clock = s->clock;
     host_wait(lock, {s, seq}, clock);
@@ -692,7 +705,7 @@ static cudaError_t memset_async(void* p, int value, size_t n, cudaStream_t strea
   if (capture_node(*s, "cudaMemsetAsync", &e, &node)) {
     if (node != nullptr) {
       node->run = [addr, value, n] { std::memset(alias_of(addr), value, n); };
-      node->touches.push_back({addr, n, false, "cudaMemsetAsync"});
+      node->touches.push_back({addr, n, false, "cudaMemsetAsync", true});
     }
     return ret(e);
   }
@@ -701,7 +714,7 @@ static cudaError_t memset_async(void* p, int value, size_t n, cudaStream_t strea
   void* to = alias_of(addr);
   o->run = [to, value, n] { std::memset(to, value, n); };
   const uint64_t seq = enqueue(*s, std::move(o));
-  check_access(*s, seq, addr, n, false, "cudaMemsetAsync");
+  check_access(*s, seq, addr, n, false, "cudaMemsetAsync", /*write=*/true);
   return cudaSuccess;
 }
 

@@ -113,6 +113,7 @@ struct node_access {
   size_t bytes = 0;
   bool host_ok = false;
   std::string what;
+  bool write = false;
 };
 
 /// One node of a captured graph.
@@ -199,6 +200,7 @@ struct allocation {
   std::string free_what;
   bool freed = false;
   std::unordered_map<uint64_t, access_record> accesses;  ///< by stream id
+  std::unordered_map<uint64_t, access_record> writes;    ///< the last write, by stream id
 };
 
 /// A block a pool holds for reuse after its free.
@@ -385,10 +387,11 @@ capture_obj* blocking_capture_on(device_obj& d);
 /// The allocation holding [p, p + bytes), or null. With the lock.
 allocation* find_live(uintptr_t p, size_t bytes);
 /// Checks an access to [p, p + bytes) by op `seq` on `s` (enqueued already): device memory
-/// must be allocated and ordered after its allocation; records the access. Host memory is
-/// accepted when `host_ok` (copies) or when it is pinned. With the lock.
+/// must be allocated and ordered after its allocation, and a `write` (a memset, a copy's
+/// destination) ordered after every other stream's last write to the allocation; records the
+/// access. Host memory is accepted when `host_ok` (copies) or when it is pinned. With the lock.
 void check_access(stream_obj& s, uint64_t seq, uintptr_t p, size_t bytes, bool host_ok,
-                  const std::string& what);
+                  const std::string& what, bool write = false);
 /// Translates a device address to the alias simulated work uses (host addresses unchanged).
 void* alias_of(uintptr_t p);
 /// Whether `p` is a device address.

@@ -1,0 +1,85 @@
+#include "core/graph_pool.hpp"
+
+#include "core/allocator.hpp"
+#include "support/status.hpp"
+
+namespace arcpool::detail {
+
+graph_pool::graph_pool(allocator& owner) : owner_(owner) {
+  owner_.record_created();
+}
+
+void graph_pool::release() noexcept {
+  if (!refs_.decrement()) return;
+  // Every block is free now: each lent one held a reference. The reclaim worker gives them
+  // back to the allocator's pool once their fences completed.
+  for (block& b : free_) {
+    reclaim_item item;
+    item.pointer = b.base;
+    item.bytes = b.bytes;
+    item.fences = std::move(b.fences);
+    owner_.stats_.sub(stat::graph_pool_bytes, static_cast<int64_t>(b.bytes));
+    owner_.reclaimer_.enqueue(std::move(item));
+  }
+  allocator& owner = owner_;
+  delete this;
+  owner.record_destroyed();
+}
+
+arcpool_status_t graph_pool::take(size_t bytes, uint64_t capture, uint64_t stream, void** base,
+                                  size_t* held_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i) {
+      const block& b = free_[i];
+      const bool allowed =
+          b.where.capture == 0 || (b.where.capture == capture && b.where.stream == stream);
+      // At most twice the request, so that a small allocation does not pin a large block.
+      if (!allowed || b.bytes < bytes || b.bytes / 2 > bytes) continue;
+      if (best == free_.size() || b.bytes < free_[best].bytes) best = i;
+    }
+    if (best != free_.size()) {
+      *base = free_[best].base;
+      *held_bytes = free_[best].bytes;
+      free_[best] = std::move(free_.back());
+      free_.pop_back();
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+  }
+  // Grow outside the capture: an allocation on the reclaim worker's stream (never captured),
+  // then a wait for it, so that the block is usable by whatever stream the graph runs on. The
+  // synchronization runs in relaxed capture mode (it would be "potentially unsafe" otherwise).
+  stream_handle s = nullptr;
+  ARCPOOL_RETURN_IF_ERROR(owner_.reclaimer_.reclaim_stream(&s));
+  stream_ref ref;
+  ref.handle = s;
+  ARCPOOL_RETURN_IF_ERROR(owner_.try_pool_allocate(bytes, ref, base));
+  if (arcpool_status_t status = owner_.driver_->stream_synchronize(s);
+      status != ARCPOOL_STATUS_SUCCESS) {
+    owner_.driver_->pool_free(*base, bytes, s);
+    owner_.stats_.sub(stat::bytes_held, static_cast<int64_t>(bytes));
+    return status;
+  }
+  *held_bytes = bytes;
+  owner_.stats_.add(stat::graph_pool_bytes, static_cast<int64_t>(bytes));
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+void graph_pool::give(void* base, size_t held_bytes, tag where, fence_list fences) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  block b;
+  b.base = base;
+  b.bytes = held_bytes;
+  b.where = where;
+  b.fences = std::move(fences);
+  free_.push_back(std::move(b));
+}
+
+void graph_pool::capture_ended(uint64_t capture) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (block& b : free_)
+    if (b.where.capture == capture) b.where = tag{};
+}
+
+}  // namespace arcpool::detail

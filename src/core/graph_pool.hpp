@@ -1,0 +1,74 @@
+// Graph pools (docs/graphs.md): blocks of the allocator's pool reserved outside any capture and
+// lent only to the captures bound to the pool, with the reuse rule that keeps unjoined branches
+// of a captured graph apart.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "arcpool/arcpool.h"
+#include "core/fence.hpp"
+#include "support/refcount.hpp"
+
+namespace arcpool::detail {
+
+class allocator;
+
+/// One graph pool. Reference-counted: the user's handle, each capture bound to it (until that
+/// capture's graph is gone) and each live allocation lent from it hold one. It counts as a
+/// record of its allocator, which therefore outlives it.
+class graph_pool {
+ public:
+  /// Where a free block may be lent again: `capture` 0 means any capture bound to the pool;
+  /// otherwise only allocations on stream `stream` in capture `capture` (stream order there
+  /// puts them after the free; another branch of the graph may not be).
+  struct tag {
+    uint64_t capture = 0;
+    uint64_t stream = 0;
+  };
+
+  explicit graph_pool(allocator& owner);
+  graph_pool(const graph_pool&) = delete;
+  graph_pool& operator=(const graph_pool&) = delete;
+
+  void retain() noexcept { refs_.increment(); }
+  /// Drops a reference. The last one hands every block to the reclaim worker (no CUDA call:
+  /// it may run on the CUDA runtime's thread of a user-object destructor) and deletes the pool.
+  void release() noexcept;
+
+  allocator& owner() const noexcept { return owner_; }
+
+  /// A block of at least `bytes` for an allocation on stream `stream` in capture `capture`: a
+  /// free block the tag rule allows, else a new one reserved from the allocator's pool.
+  arcpool_status_t take(size_t bytes, uint64_t capture, uint64_t stream, void** base,
+                        size_t* held_bytes);
+  /// Takes back a block lent out, free for what `where` allows. `fences`: the uses outside
+  /// any capture that the block's final release waits for.
+  void give(void* base, size_t held_bytes, tag where, fence_list fences);
+  /// Capture `capture`'s graph is gone: its freed blocks become free for any bound capture.
+  void capture_ended(uint64_t capture);
+
+  /// The C handle's type is the pool itself.
+  static graph_pool* from(arcpool_graph_pool_t* h) noexcept {
+    return reinterpret_cast<graph_pool*>(h);
+  }
+  arcpool_graph_pool_t* handle() noexcept { return reinterpret_cast<arcpool_graph_pool_t*>(this); }
+
+ private:
+  ~graph_pool() = default;
+
+  struct block {
+    void* base = nullptr;
+    size_t bytes = 0;
+    tag where;
+    fence_list fences;
+  };
+
+  allocator& owner_;
+  refcount refs_{1};
+  std::mutex mutex_;
+  std::vector<block> free_;  ///< blocks not lent out now
+};
+
+}  // namespace arcpool::detail
