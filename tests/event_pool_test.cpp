@@ -53,6 +53,22 @@ TEST_P(EventPool, AnEventWhoseRecordFailedIsDestroyedNotPooled) {
   }
 }
 
+/// docs/graphs.md: the reclaim worker fences a stream that captured once only while it does not
+/// capture; a fence it cannot take then is no fence, and no event enters a capture for it.
+TEST_P(EventPool, AFenceOutsideCaptureIsNotTakenOnACapturingStream) {
+  ASSERT_OK(core().drv().stream_begin_capture(s_));
+  detail::fence_ref f;
+  bool capturing = false;
+  ASSERT_OK(core().events().record_outside_capture(s_, 0, &f, &capturing));
+  EXPECT_TRUE(capturing);
+  EXPECT_FALSE(f);
+  EXPECT_EQ(0u, core().events().events_created()) << "no event recorded into the capture";
+  ASSERT_OK(core().drv().stream_end_capture(s_));
+  ASSERT_OK(core().events().record_outside_capture(s_, 0, &f, &capturing));
+  EXPECT_FALSE(capturing);
+  EXPECT_TRUE(f);
+}
+
 ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(EventPool);
 
 }  // namespace

@@ -191,6 +191,11 @@ TEST_P(GraphCapture, EarlierMemoryFreedDuringCaptureIsReclaimedOnlyAfterTheGraph
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  // Never on the origin: a stream that captured may capture again, and a free enqueued on it
+  // then would land in that capture.
+  const std::vector<arcpool_stream_t> freed_on = streams_that_freed(block);
+  ASSERT_EQ(1u, freed_on.size());
+  EXPECT_NE(s, freed_on.front());
   EXPECT_EQ("", take_simcuda_violations());
 }
 
@@ -219,7 +224,45 @@ TEST_P(GraphCapture, TheStreamCacheIsNeitherHitNorFilledDuringCapture) {
   arcpool_allocation_release(again);
 }
 
-TEST_P(GraphCapture, TransfersAndUseRecordsOnACapturingStreamAreRefused) {
+TEST_P(GraphCapture, TransfersAndUseRecordsWithinACaptureBecomeCapturedEdges) {
+  arcpool_stream_t s = make_stream(), consumer = make_stream(), reader = make_stream();
+  host_bytes moved, read;
+  begin(s);
+  edge(s, consumer);  // both join the capture before the fills: only arcpool orders them after
+  edge(s, reader);
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  fill_async(s, data(a), kBytes, 3);
+  ASSERT_OK(arcpool_transfer(a, consumer));  // an edge from s: the consumer reads the fill
+  EXPECT_EQ(consumer, info(a).current_stream);
+  ASSERT_EQ(cudaSuccess,
+            cudaMemcpyAsync(moved.p, data(a), kBytes, cudaMemcpyDefault, cu(consumer)));
+  ASSERT_OK(arcpool_deallocate_async(a, consumer, 0));
+  arcpool_allocation_release(a);
+  arcpool_allocation_t* b = allocate(kBytes, s);
+  fill_async(s, data(b), kBytes, 5);
+  edge(s, reader);  // the application orders its read after the fill
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(read.p, data(b), kBytes, cudaMemcpyDefault, cu(reader)));
+  ASSERT_OK(arcpool_record_use(b, reader));
+  ASSERT_OK(arcpool_deallocate_async(b, s, 0));  // an edge from the reader: the free follows
+  arcpool_allocation_release(b);
+  edge(consumer, s);  // join
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  cudaGraphExec_t exec = instantiate(graph);
+  for (int launch = 0; launch < 10; ++launch) {
+    std::memset(moved.p, 0, kBytes);
+    std::memset(read.p, 0, kBytes);
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+    sync(s);
+    ASSERT_TRUE(moved.all(3)) << "launch " << launch;
+    ASSERT_TRUE(read.all(5)) << "launch " << launch;
+  }
+  EXPECT_EQ("", take_simcuda_violations());
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+}
+
+TEST_P(GraphCapture, TransfersAndUseRecordsAcrossTheCaptureBoundaryAreRefused) {
   arcpool_stream_t s = make_stream(), capturing = make_stream();
   arcpool_allocation_t* a = allocate(kBytes, s);
   begin(capturing);
@@ -227,7 +270,9 @@ TEST_P(GraphCapture, TransfersAndUseRecordsOnACapturingStreamAreRefused) {
   EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_record_use(a, capturing));
   arcpool_allocation_t* g = allocate(kBytes, capturing);
   // Graph memory is not usable outside its graph before a launch.
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_transfer(g, s));
   EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(g, s, 0));
+  EXPECT_EQ(capturing, info(g).current_stream);
   ASSERT_OK(arcpool_deallocate_async(g, capturing, 0));
   arcpool_allocation_release(g);
   cudaGraph_t graph = end(capturing);
@@ -272,6 +317,33 @@ TEST_P(GraphCapture, AGlobalCaptureOnAnotherThreadIsNotBrokenByArcpoolsCalls) {
   sync(s);
   sync(other);
   finish_reclaims();
+}
+
+TEST_P(GraphCapture, TheByPointerPathAllocatesAndFreesGraphMemoryInTheCapture) {
+  arcpool_stream_t s = make_stream();
+  host_bytes host;
+  const arcpool_stats_t before = stats();
+  begin(s);
+  void* p = nullptr;
+  ASSERT_OK(arcpool_allocator_malloc_async(alloc_, kBytes, 0, s, &p));
+  fill_async(s, p, kBytes, 9);
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(host.p, p, kBytes, cudaMemcpyDefault, cu(s)));
+  ASSERT_OK(arcpool_allocator_free_async(alloc_, p, s));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_allocator_free_async(alloc_, p, s))
+      << "the record went with the free";
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  EXPECT_EQ(before.graph_allocations + 1, stats().graph_allocations);
+  EXPECT_EQ(before.graph_frees + 1, stats().graph_frees);
+  cudaGraphExec_t exec = instantiate(graph);
+  for (int launch = 0; launch < 3; ++launch) {
+    std::memset(host.p, 0, kBytes);
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+    sync(s);
+    EXPECT_TRUE(host.all(9)) << "launch " << launch;
+  }
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
 }
 
 /// Graph pools: a pool bound to the capture of `s`.

@@ -4,6 +4,9 @@
 // handed out while still in use shows up as a mismatch. Prints operations per second by kind,
 // bytes in use and reserved and the mismatch count; exits non-zero on any mismatch or error.
 // On the host driver the same program runs with host fill/verify work (CI runs it there).
+// --graphs (CUDA driver) adds graph workers: each captures a step (graph allocations or a graph
+// pool's blocks, fills, a fork that verifies on a second stream, a join, the frees, and an
+// earlier allocation freed during the capture), replays it, and destroys it (docs/graphs.md).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,6 +20,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "arcpool/arcpool.h"
 #include "workload.hpp"
@@ -38,6 +43,7 @@ struct config {
   uint64_t seed = 1;
   bool poison = false;
   bool no_cache = false;  // every free reaches the pool (what compute-sanitizer can see)
+  bool graphs = false;    // graph workers beside the others (CUDA driver)
   const char* json = nullptr;
 };
 
@@ -95,6 +101,27 @@ struct shared_state {
   std::mutex error_mutex;
   std::vector<std::string> first_errors;
   std::atomic<uint64_t> counts[op_count] = {};
+  std::atomic<uint64_t> graphs_captured{0};
+  std::atomic<uint64_t> graph_launches{0};
+
+  /// Counts a failed call (keeping the first messages); true on success.
+  bool ok(arcpool_status_t status, const char* what) {
+    if (status == ARCPOOL_STATUS_SUCCESS) return true;
+    errors.fetch_add(1);
+    std::lock_guard<std::mutex> lock(error_mutex);
+    if (first_errors.size() < 8)
+      first_errors.push_back(std::string(what) + ": " + arcpool_last_error());
+    return false;
+  }
+  /// As ok(), for a CUDA runtime call.
+  bool cuda_ok(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return true;
+    errors.fetch_add(1);
+    std::lock_guard<std::mutex> lock(error_mutex);
+    if (first_errors.size() < 8)
+      first_errors.push_back(std::string(what) + ": " + cudaGetErrorName(e));
+    return false;
+  }
 };
 
 class worker {
@@ -272,15 +299,7 @@ class worker {
     return p;
   }
 
-  bool ok(arcpool_status_t status, const char* what) {
-    if (status == ARCPOOL_STATUS_SUCCESS) return true;
-    s_.errors.fetch_add(1);
-    std::lock_guard<std::mutex> lock(s_.error_mutex);
-    if (s_.first_errors.size() < 8) {
-      s_.first_errors.push_back(std::string(what) + ": " + arcpool_last_error());
-    }
-    return false;
-  }
+  bool ok(arcpool_status_t status, const char* what) { return s_.ok(status, what); }
 
   arcpool_stream_t stream() { return s_.streams[rng_() % s_.streams.size()]; }
   size_t index() { return rng_() % live_.size(); }
@@ -297,6 +316,109 @@ class worker {
   std::mt19937_64 rng_;
   std::vector<slot> live_;
   std::vector<slot> adopted_;
+};
+
+/// --graphs: captures a step on its own stream, replays it a few times, destroys it; again.
+class graph_worker {
+ public:
+  graph_worker(shared_state& s, int index) : s_(s), rng_(s.cfg->seed * 7919 + index) {}
+
+  void run() {
+    arcpool_stream_t main = nullptr, side = nullptr;
+    if (!s_.ok(arcpool_stream_create(s_.alloc, &main), "graph stream") ||
+        !s_.ok(arcpool_stream_create(s_.alloc, &side), "graph stream")) {
+      return;
+    }
+    cudaEvent_t fork = nullptr, join = nullptr;
+    s_.cuda_ok(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
+    s_.cuda_ok(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "cudaEventCreate");
+    for (uint64_t step = 0; !s_.stop.load(std::memory_order_relaxed); ++step) {
+      if (s_.cfg->ops != 0 && step >= s_.cfg->ops / 16) break;
+      if (!one_step(main, side, fork, join, /*pooled=*/step % 2 == 1)) break;
+    }
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    s_.ok(arcpool_stream_synchronize(s_.alloc, main), "synchronize");
+    s_.ok(arcpool_stream_destroy(s_.alloc, main), "graph stream destroy");
+    s_.ok(arcpool_stream_destroy(s_.alloc, side), "graph stream destroy");
+  }
+
+ private:
+  struct block {
+    arcpool_allocation_t* handle;
+    void* data;
+    size_t bytes;
+    uint64_t tag;
+  };
+
+  /// Allocates on `s` and fills (captured when `s` captures).
+  bool make(arcpool_stream_t s, block* out) {
+    const size_t words = 4 + rng_() % 4096;
+    *out = block{nullptr, nullptr, words * 4, s_.next_tag.fetch_add(1)};
+    if (!s_.ok(arcpool_allocate_async(s_.alloc, out->bytes, 0, s, 0, &out->handle), "allocate")) {
+      return false;
+    }
+    s_.ok(arcpool_allocation_data(out->handle, &out->data), "data");
+    return s_.ok(s_.work->fill(out->data, out->bytes, out->tag, 0, s), "fill");
+  }
+
+  bool free_block(const block& b, arcpool_stream_t s) {
+    s_.ok(arcpool_deallocate_async(b.handle, s, 0), "deallocate");
+    return s_.ok(arcpool_allocation_release(b.handle), "release");
+  }
+
+  bool one_step(arcpool_stream_t main, arcpool_stream_t side, cudaEvent_t fork, cudaEvent_t join,
+                bool pooled) {
+    const auto cu = [](arcpool_stream_t x) { return reinterpret_cast<cudaStream_t>(x); };
+    block earlier{};  // allocated before the capture, freed during it
+    if (!make(main, &earlier)) return false;
+    arcpool_graph_pool_t* pool = nullptr;
+    if (pooled && !s_.ok(arcpool_graph_pool_create(s_.alloc, &pool), "graph pool")) return false;
+    if (!s_.cuda_ok(cudaStreamBeginCapture(cu(main), cudaStreamCaptureModeThreadLocal),
+                    "cudaStreamBeginCapture")) {
+      return false;
+    }
+    if (pool != nullptr) s_.ok(arcpool_graph_pool_begin(pool, main), "graph pool begin");
+    s_.ok(s_.work->verify(earlier.data, earlier.bytes, earlier.tag, 0, main), "verify");
+    free_block(earlier, main);
+    std::vector<block> made(1 + rng_() % 4);
+    for (block& b : made)
+      make(main, &b);
+    s_.cuda_ok(cudaEventRecord(fork, cu(main)), "cudaEventRecord");
+    s_.cuda_ok(cudaStreamWaitEvent(cu(side), fork, 0), "cudaStreamWaitEvent");
+    for (const block& b : made)
+      s_.ok(s_.work->verify(b.data, b.bytes, b.tag, 0, side), "verify");
+    s_.cuda_ok(cudaEventRecord(join, cu(side)), "cudaEventRecord");
+    s_.cuda_ok(cudaStreamWaitEvent(cu(main), join, 0), "cudaStreamWaitEvent");
+    for (const block& b : made)
+      s_.ok(s_.work->verify(b.data, b.bytes, b.tag, 0, main), "verify before free");
+    for (const block& b : made)
+      free_block(b, main);
+    cudaGraph_t graph = nullptr;
+    const bool captured =
+        s_.cuda_ok(cudaStreamEndCapture(cu(main), &graph), "cudaStreamEndCapture");
+    if (pool != nullptr) {
+      s_.ok(arcpool_graph_pool_end(pool, main), "graph pool end");
+      s_.ok(arcpool_graph_pool_release(pool), "graph pool release");
+    }
+    if (!captured) return false;
+    s_.graphs_captured.fetch_add(1, std::memory_order_relaxed);
+    cudaGraphExec_t exec = nullptr;
+    if (s_.cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate")) {
+      const int launches = 1 + static_cast<int>(rng_() % 8);
+      for (int i = 0; i < launches; ++i) {
+        if (s_.cuda_ok(cudaGraphLaunch(exec, cu(main)), "cudaGraphLaunch")) {
+          s_.graph_launches.fetch_add(1, std::memory_order_relaxed);
+        }
+        if (i % 2 == 1) s_.ok(arcpool_stream_synchronize(s_.alloc, main), "synchronize");
+      }
+      s_.cuda_ok(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");
+    }
+    return s_.cuda_ok(cudaGraphDestroy(graph), "cudaGraphDestroy");
+  }
+
+  shared_state& s_;
+  std::mt19937_64 rng_;
 };
 
 bool parse(int argc, char** argv, config* c) {
@@ -330,13 +452,16 @@ bool parse(int argc, char** argv, config* c) {
       c->poison = true;
     } else if (a == "--no-cache") {
       c->no_cache = true;
+    } else if (a == "--graphs") {
+      c->graphs = true;
     } else if (a == "--json") {
       c->json = value();
     } else {
       std::fprintf(stderr,
                    "usage: %s [--driver auto|cuda|host] [--streams N] [--threads N] "
                    "[--seconds S | --ops N] [--min-bytes N] [--max-bytes N] [--live N] "
-                   "[--sync-every N] [--seed N] [--poison] [--no-cache] [--json FILE]\n",
+                   "[--sync-every N] [--seed N] [--poison] [--no-cache] [--graphs] "
+                   "[--json FILE]\n",
                    argv[0]);
       return false;
     }
@@ -399,17 +524,30 @@ int main(int argc, char** argv) {
     }
     s.streams.push_back(st);
   }
-  std::printf("arcpool-stress: %s driver, %d streams x %d threads, %s, sizes %zu..%zu bytes%s%s\n",
-              arcpool_driver_name(options.driver), cfg.streams, cfg.threads,
-              cfg.ops ? (std::to_string(cfg.ops) + " ops per thread").c_str()
-                      : (std::to_string(cfg.seconds) + " s").c_str(),
-              cfg.min_bytes, cfg.max_bytes, cfg.poison ? ", poison on free" : "",
-              cfg.no_cache ? ", cache off" : "");
+  if (cfg.graphs && options.driver != ARCPOOL_DRIVER_CUDA) {
+    std::fprintf(stderr,
+                 "arcpool-stress: --graphs needs the CUDA driver (the %s driver builds "
+                 "no graphs)\n",
+                 arcpool_driver_name(options.driver));
+    return 2;
+  }
+  const int graph_threads = cfg.graphs ? std::max(1, cfg.threads / 2) : 0;
+  std::printf(
+      "arcpool-stress: %s driver, %d streams x %d threads, %s, sizes %zu..%zu bytes%s%s%s\n",
+      arcpool_driver_name(options.driver), cfg.streams, cfg.threads,
+      cfg.ops ? (std::to_string(cfg.ops) + " ops per thread").c_str()
+              : (std::to_string(cfg.seconds) + " s").c_str(),
+      cfg.min_bytes, cfg.max_bytes, cfg.poison ? ", poison on free" : "",
+      cfg.no_cache ? ", cache off" : "",
+      cfg.graphs ? (", " + std::to_string(graph_threads) + " graph workers").c_str() : "");
 
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int t = 0; t < cfg.threads; ++t) {
     threads.emplace_back([&s, t] { worker(s, t).run(); });
+  }
+  for (int t = 0; t < graph_threads; ++t) {
+    threads.emplace_back([&s, t] { graph_worker(s, t).run(); });
   }
   if (cfg.ops == 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(cfg.seconds));
@@ -439,6 +577,13 @@ int main(int argc, char** argv) {
   after.struct_size = sizeof(after);
   after.version = ARCPOOL_STATS_VERSION;
   arcpool_stats_get(alloc, &after);
+  // Frees deferred to a graph's end reach the reclaim worker from CUDA's user-object thread,
+  // asynchronously after the graph went: give them a moment, then trim again.
+  for (int i = 0; i < 500 && cfg.graphs && after.bytes_held_current != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    arcpool_allocator_trim(alloc, 0);
+    arcpool_stats_get(alloc, &after);
+  }
   const uint64_t mismatches = work->mismatches();
   const uint64_t words = work->verified_words();
 
@@ -459,6 +604,12 @@ int main(int argc, char** argv) {
               after.frees, after.same_stream_frees, after.cross_stream_frees, after.deferred_frees,
               after.origin_routed_frees, after.origin_fallbacks, after.implicit_frees,
               after.ignored_deallocations, after.cache_hits);
+  if (cfg.graphs) {
+    std::printf("graphs captured %" PRIu64 ", launches %" PRIu64 ", graph allocations %" PRIu64
+                ", graph frees %" PRIu64 ", deferred to a graph's end %" PRIu64 "\n",
+                s.graphs_captured.load(), s.graph_launches.load(), after.graph_allocations,
+                after.graph_frees, after.graph_deferred_frees);
+  }
   std::printf("verified words: %" PRIu64 "\nmismatches: %" PRIu64 "\nerrors: %" PRIu64 "\n", words,
               mismatches, s.errors.load());
   for (const std::string& e : s.first_errors)

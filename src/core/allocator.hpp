@@ -160,6 +160,13 @@ class allocator {
   /// capture; for earlier memory, a free deferred until the graph's life ends.
   arcpool_status_t deallocate_in_capture(allocation& a, const stream_ref& caller, bool force,
                                          bool implicit);
+  /// UNSUPPORTED unless `s` captures in the same capture as `capturing` (which captures, and
+  /// which arcpool created or registered): transfers, use records and frees do not cross a
+  /// capture's boundary.
+  arcpool_status_t same_capture(const stream_ref& s, const stream_ref& capturing, const char* what);
+  /// Captured edges from `a`'s current stream and use records' streams to `target`, all in one
+  /// capture (checked first: a refusal enqueues nothing).
+  arcpool_status_t edges_within_capture(allocation& a, const stream_ref& target, const char* what);
   /// Orders later work on `to` after the work captured on `from` so far (both in one capture):
   /// a captured event record and wait, on an event never used again.
   arcpool_status_t capture_edge(stream_handle from, stream_handle to);

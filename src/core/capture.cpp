@@ -1,8 +1,7 @@
 // Allocation and deallocation on streams capturing a CUDA graph (docs/graphs.md): graph
 // allocation nodes, free nodes, and frees of earlier memory deferred to the graph's end.
-#include <new>
-
 #include <algorithm>
+#include <new>
 
 #include "core/allocator.hpp"
 #include "core/graph_pool.hpp"
@@ -118,6 +117,49 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+arcpool_status_t allocator::same_capture(const stream_ref& s, const stream_ref& capturing,
+                                         const char* what) {
+  if (!driver_->supports_graphs()) return capturing_failure(capturing, what);
+  if (!capturing.entry) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "%s: capturing stream %p is not one arcpool created or registered", what,
+                static_cast<void*>(capturing.handle));
+  }
+  capture_info target;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(capturing.handle, &target));
+  bool also = false;
+  if (s.reachable() && !s.retired()) {
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &also));
+  }
+  capture_info other;
+  if (also) ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(s.handle, &other));
+  if (!also || other.id != target.id) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "%s across a capture's boundary: stream %p is capturing a graph and stream %p %s; "
+                "arcpool refuses it (cudaEventWaitExternal would wait at each launch for the "
+                "event's state then, not for the stream's work up to this call)",
+                what, static_cast<void*>(capturing.handle), static_cast<void*>(s.handle),
+                also ? "is capturing another" : "is not capturing");
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::edges_within_capture(allocation& a, const stream_ref& target,
+                                                 const char* what) {
+  // Every check first: a refusal enqueues nothing.
+  ARCPOOL_RETURN_IF_ERROR(same_capture(a.current, target, what));
+  for (const use_record& u : a.uses)
+    ARCPOOL_RETURN_IF_ERROR(same_capture(u.stream, target, what));
+  if (a.current.id != target.id) {
+    ARCPOOL_RETURN_IF_ERROR(capture_edge(a.current.handle, target.handle));
+  }
+  for (const use_record& u : a.uses) {
+    if (u.stream.id != target.id)
+      ARCPOOL_RETURN_IF_ERROR(capture_edge(u.stream.handle, target.handle));
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 arcpool_status_t allocator::capture_edge(stream_handle from, stream_handle to) {
   event_handle e = nullptr;
   ARCPOOL_RETURN_IF_ERROR(driver_->event_create(&e));
@@ -142,10 +184,9 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
                   static_cast<unsigned long long>(a.placement.made_by.capture_id),
                   static_cast<unsigned long long>(capture.id));
     }
-    // The current stream is the origin, which captures in this capture: transfers and use
-    // records are refused on capturing streams, so no other stream used it.
-    if (a.current.id != caller.id)
-      ARCPOOL_RETURN_IF_ERROR(capture_edge(a.current.handle, caller.handle));
+    // Graph memory is used only inside its capture: the current stream and the use records'
+    // streams capture in it, and captured edges order the free node after their work.
+    ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, caller, "deallocate"));
     stats::local st = stats_.here();
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle, st));
     a.uses.clear();
@@ -204,10 +245,11 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
     const bool now = u.at_deallocation && u.stream.reachable();
     ARCPOOL_RETURN_IF_ERROR(add(u.stream, now ? nullptr : &u.fence));
   }
+  // Freed on the reclaim worker's own stream, never on the origin: a stream that captured
+  // once may capture again whenever its thread likes, and a free enqueued then would land in
+  // that capture's graph (the fences make the free follow the streams' work).
   item.pointer = a.placement.base;
   item.bytes = a.placement.held_bytes;
-  item.origin = a.placement.origin;
-  item.routed_to_origin = true;
   auto* gate = new (std::nothrow) graph_gate{*this, std::move(item)};
   if (gate == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a free");
   // The ownership change cannot fail now (deallocate checked it under this record's lock), so
@@ -242,14 +284,10 @@ arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref
   }
   if (capturing) {
     // Lent again only on this stream in this capture: stream order puts those allocations
-    // after this point, and this point after the work captured on the current stream.
+    // after this point, and captured edges put this point after the block's other streams.
     capture_info capture;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
-    if (a.current.id != caller.id) {
-      bool current_capturing = false;
-      ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(a.current.handle, &current_capturing));
-      if (current_capturing) ARCPOOL_RETURN_IF_ERROR(capture_edge(a.current.handle, caller.handle));
-    }
+    ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, caller, "deallocate"));
     where = graph_pool::tag{capture.id, caller.id};
   } else {
     // Outside captures: the pool's final release waits for these uses.

@@ -49,6 +49,20 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+arcpool_status_t event_pool::record_outside_capture(stream_handle s, uint64_t stream_id,
+                                                    fence_ref* out, bool* capturing) {
+  ARCPOOL_RETURN_IF_ERROR(driver_.stream_is_capturing(s, capturing));
+  if (*capturing) return ARCPOOL_STATUS_SUCCESS;
+  ARCPOOL_RETURN_IF_ERROR(record(s, stream_id, out));
+  ARCPOOL_RETURN_IF_ERROR(driver_.stream_is_capturing(s, capturing));
+  if (*capturing) {
+    fence* f = out->detach();  // the one reference: never recycled
+    driver_.event_destroy(f->event_);
+    delete f;
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 size_t event_pool::events_created() const {
   return created_.load(std::memory_order_relaxed);
 }

@@ -59,6 +59,12 @@ class event_pool {
 
   /// Records a new fence on stream `s` (identity `stream_id`).
   arcpool_status_t record(stream_handle s, uint64_t stream_id, fence_ref* out);
+  /// As record, for a stream that another thread may begin capturing at any moment. When `s`
+  /// is capturing before the record, or after it (the record may have gone into the capture),
+  /// `*capturing` is set and `*out` left empty; an event recorded then is destroyed, never
+  /// pooled. A capture begun and ended between the record and the second check goes unseen.
+  arcpool_status_t record_outside_capture(stream_handle s, uint64_t stream_id, fence_ref* out,
+                                          bool* capturing);
 
   /// Events created so far (diagnostics and tests).
   size_t events_created() const;

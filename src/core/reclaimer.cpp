@@ -89,10 +89,8 @@ bool reclaimer::take_late_fences(reclaim_item& item, bool* failed) {
     const stream_ref& s = item.fence_later.back();
     fence_ref f;
     bool capturing = false;
-    const std::optional<arcpool_status_t> status = s.entry->with_alive([&](stream_handle h) {
-      ARCPOOL_RETURN_IF_ERROR(driver_.stream_is_capturing(h, &capturing));
-      return capturing ? ARCPOOL_STATUS_SUCCESS : events_.record(h, s.id, &f);
-    });
+    const std::optional<arcpool_status_t> status = s.entry->with_alive(
+        [&](stream_handle h) { return events_.record_outside_capture(h, s.id, &f, &capturing); });
     if (!status) {
       f = s.entry->final_fence();  // retired: its final fence covers all its work
     } else if (*status != ARCPOOL_STATUS_SUCCESS) {

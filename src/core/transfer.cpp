@@ -28,9 +28,18 @@ arcpool_status_t check_usable(const allocation& a, const char* what) {
 arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   stream_ref target;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(to, &target));
-  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(target, "transfer"));
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(target.handle, &capturing));
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "transfer"));
+  if (capturing) {
+    // Within one capture: captured edges from the donors (docs/graphs.md).
+    ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, target, "transfer"));
+    a.uses.clear();
+    a.current = std::move(target);
+    stats_.count(stat::transfers);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   // Wait on the donors' fences, then the receiver owns the memory.
   fence_list fences;
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, target.id, &fences));
@@ -53,19 +62,29 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   }
   stream_ref user;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &user));
-  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(user, "record_use"));
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(user.handle, &capturing));
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "record_use"));
   if (user.id == a.current.id) return ARCPOOL_STATUS_SUCCESS;  // its order already covers it
   use_record record;
-  // An unregistered stream may be gone by deallocation time: fence it now (§6), unless the
-  // caller guarantees it outlives the deallocation. Another thread cannot fence a per-thread
-  // default stream: fence it now for them in any case.
-  record.at_deallocation =
-      user.provably_alive() || (flags & ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION) != 0;
-  if (!user.provably_alive() &&
-      (!record.at_deallocation || user.kind == stream_kind::per_thread_default)) {
-    ARCPOOL_RETURN_IF_ERROR(take_fence(user, &record.fence));
+  if (capturing) {
+    // Within one capture: no fence now (an event recorded in a capture is no fence); the
+    // deallocation in the capture makes a captured edge from it (docs/graphs.md). same_capture
+    // refuses a user arcpool did not create or register, so it can be fenced once the capture
+    // is over, should the deallocation come then.
+    ARCPOOL_RETURN_IF_ERROR(same_capture(a.current, user, "record_use"));
+    record.at_deallocation = true;
+  } else {
+    // An unregistered stream may be gone by deallocation time: fence it now (§6), unless the
+    // caller guarantees it outlives the deallocation. Another thread cannot fence a per-thread
+    // default stream: fence it now for them in any case.
+    record.at_deallocation = user.provably_alive() ||
+                             (flags & ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION) != 0;
+    if (!user.provably_alive() &&
+        (!record.at_deallocation || user.kind == stream_kind::per_thread_default)) {
+      ARCPOOL_RETURN_IF_ERROR(take_fence(user, &record.fence));
+    }
   }
   record.stream = std::move(user);
   auto same = std::find_if(a.uses.begin(), a.uses.end(),

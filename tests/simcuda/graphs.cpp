@@ -79,6 +79,13 @@ bool valid_count(unsigned count) {
   return count != 0 && count <= static_cast<unsigned>(INT_MAX);
 }
 
+/// The host has observed `x`'s last launch complete (with the lock).
+void observe_last_launch(exec_obj& x) {
+  if (x.last.stream == nullptr) return;
+  rt().host_clock.join(x.last_clock);
+  ++rt().host_clock_version;
+}
+
 void retire_lanes(exec_obj& x) {
   for (stream_obj* lane : x.lanes) {
     lane->destroyed = true;
@@ -284,14 +291,20 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t handle) {
   x->destroyed = true;
   if (x->graph != nullptr && x->graph->exec == x) x->graph->exec = nullptr;
   // Programming guide, "CUDA User Objects": destroying an executable graph whose launch "is
-  // not synchronized" defers the release of its references until the launch completed.
+  // not synchronized" defers the release of its references until the launch completed. A
+  // destructor that runs then follows the launch's work, and so does whatever it sets off: to
+  // the race checker, the host has observed the launch complete.
   if (x->last.stream != nullptr && !done(x->last)) {
     auto o = std::make_unique<op>();
     o->what = "cudaGraphExecDestroy (release of user objects)";
     o->after.push_back(x->last);
-    o->complete = [x] { release_refs(x->user_refs); };
+    o->complete = [x] {
+      observe_last_launch(*x);
+      release_refs(x->user_refs);
+    };
     enqueue(*x->lanes.front(), std::move(o));
   } else {
+    observe_last_launch(*x);
     release_refs(x->user_refs);
   }
   x->nodes.clear();

@@ -360,13 +360,17 @@ std::shared_ptr<graph_memory> reserve_graph_memory(device_obj& d, size_t bytes) 
 uint64_t graph_free(allocation& a, stream_obj& s, const std::string& what, std::unique_ptr<op> o) {
   if (o == nullptr) o = std::make_unique<op>();
   o->what = what;
+  // The memory stays reserved until the free executes: work queued before it may still touch
+  // it, even once the graph and its instantiation are destroyed (cuGraphExecDestroy, cuda.h:
+  // "If the executable graph is in-flight, it will not be terminated, but rather freed
+  // asynchronously on completion").
+  o->complete = [held = std::move(a.graph_mem)] { (void)held; };
   const uint64_t seq = enqueue(s, std::move(o));
   if (a.exec != nullptr) {
     auto& unfreed = a.exec->unfreed;
     unfreed.erase(std::remove(unfreed.begin(), unfreed.end(), a.base), unfreed.end());
   }
   check_and_retire(a, s, seq, format("%s on %s", what.c_str(), s.name().c_str()));
-  a.graph_mem.reset();
   return seq;
 }
 
