@@ -44,22 +44,16 @@ void stats::read(const pool_figures& pool, arcpool_stats_t* out) const {
 #define ARCPOOL_STATS_READ_GAUGE_(name, doc)                        \
   out->name##_current = static_cast<uint64_t>(current(stat::name)); \
   out->name##_peak = static_cast<uint64_t>(peak(stat::name));
-  ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_READ_GAUGE_)
-#undef ARCPOOL_STATS_READ_GAUGE_
 #define ARCPOOL_STATS_READ_COUNTER_(name, doc) out->name = static_cast<uint64_t>(sum(stat::name));
+  ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_READ_GAUGE_)
   ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_READ_COUNTER_)
-#undef ARCPOOL_STATS_READ_COUNTER_
   out->pool_reserved_bytes_current = pool.reserved_current;
   out->pool_reserved_bytes_peak = pool.reserved_peak;
   out->pool_used_bytes_current = pool.used_current;
-#define ARCPOOL_STATS_READ_GAUGE_(name, doc)                        \
-  out->name##_current = static_cast<uint64_t>(current(stat::name)); \
-  out->name##_peak = static_cast<uint64_t>(peak(stat::name));
   ARCPOOL_STATS_GRAPH_GAUGES(ARCPOOL_STATS_READ_GAUGE_)
-#undef ARCPOOL_STATS_READ_GAUGE_
-#define ARCPOOL_STATS_READ_COUNTER_(name, doc) out->name = static_cast<uint64_t>(sum(stat::name));
   ARCPOOL_STATS_GRAPH_COUNTERS(ARCPOOL_STATS_READ_COUNTER_)
 #undef ARCPOOL_STATS_READ_COUNTER_
+#undef ARCPOOL_STATS_READ_GAUGE_
 }
 
 void stats::reset_peaks() noexcept {
@@ -80,22 +74,16 @@ std::string stats_to_json(const arcpool_stats_t& s) {
 #define ARCPOOL_STATS_JSON_GAUGE_(name, doc) \
   field(#name "_current", s.name##_current); \
   field(#name "_peak", s.name##_peak);
-  ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_JSON_GAUGE_)
-#undef ARCPOOL_STATS_JSON_GAUGE_
 #define ARCPOOL_STATS_JSON_COUNTER_(name, doc) field(#name, s.name);
+  ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_JSON_GAUGE_)
   ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_JSON_COUNTER_)
-#undef ARCPOOL_STATS_JSON_COUNTER_
   field("pool_reserved_bytes_current", s.pool_reserved_bytes_current);
   field("pool_reserved_bytes_peak", s.pool_reserved_bytes_peak);
   field("pool_used_bytes_current", s.pool_used_bytes_current);
-#define ARCPOOL_STATS_JSON_GAUGE_(name, doc) \
-  field(#name "_current", s.name##_current); \
-  field(#name "_peak", s.name##_peak);
   ARCPOOL_STATS_GRAPH_GAUGES(ARCPOOL_STATS_JSON_GAUGE_)
-#undef ARCPOOL_STATS_JSON_GAUGE_
-#define ARCPOOL_STATS_JSON_COUNTER_(name, doc) field(#name, s.name);
   ARCPOOL_STATS_GRAPH_COUNTERS(ARCPOOL_STATS_JSON_COUNTER_)
 #undef ARCPOOL_STATS_JSON_COUNTER_
+#undef ARCPOOL_STATS_JSON_GAUGE_
   json += "}";
   return json;
 }

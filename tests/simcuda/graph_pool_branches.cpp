@@ -4,23 +4,14 @@
 // tests/simcuda/patches/graph_pool_lends_across_branches.patch applied, where the two branches'
 // writes of the shared block race on replay and simcuda must say so. Prints "violations: none"
 // or "violations:" and simcuda's report.
-#include <arcpool/arcpool.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <vector>
 
-namespace {
+#include "rule_check.hpp"
 
-#define CHECK(call)                                                         \
-  do {                                                                      \
-    if ((call) != 0) {                                                      \
-      std::fprintf(stderr, "%s failed: %s\n", #call, arcpool_last_error()); \
-      return 2;                                                             \
-    }                                                                       \
-  } while (0)
+namespace {
 
 cudaStream_t cu(arcpool_stream_t s) {
   return reinterpret_cast<cudaStream_t>(s);
@@ -38,8 +29,7 @@ int edge(arcpool_stream_t from, arcpool_stream_t to) {
 }  // namespace
 
 int main() {
-  using take_fn = uint64_t (*)(char*, size_t);
-  const auto take = reinterpret_cast<take_fn>(dlsym(RTLD_DEFAULT, "simcuda_take_violations"));
+  const rule_check::take_fn take = rule_check::violations();
   if (take == nullptr) {
     std::fprintf(stderr, "not on simcuda: this check needs simcuda's race checker\n");
     return 2;
@@ -83,8 +73,8 @@ int main() {
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CHECK(cudaGraphLaunch(exec, cu(main_stream)));
   CHECK(arcpool_stream_synchronize(alloc, main_stream));
-  std::vector<char> report(1 << 16);
-  const uint64_t found = take(report.data(), report.size());
+  std::vector<char> report;
+  const uint64_t found = rule_check::take_report(take, &report);
 
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
@@ -93,10 +83,6 @@ int main() {
   CHECK(arcpool_stream_destroy(alloc, branch));
   arcpool_allocator_destroy(alloc);
   take(nullptr, 0);  // what teardown may add is not this check's subject
-  if (found == 0) {
-    std::printf("violations: none (blocks %s)\n", p == q ? "shared" : "apart");
-  } else {
-    std::printf("violations (blocks %s):\n%s", p == q ? "shared" : "apart", report.data());
-  }
+  rule_check::print_verdict(found, report, p == q ? " (blocks shared)" : " (blocks apart)");
   return 0;
 }

@@ -2,24 +2,15 @@
 // stream. Built twice: against arcpool, where simcuda sees no violation, and against arcpool
 // with tests/simcuda/patches/free_without_fence_waits.patch applied, where simcuda must name
 // the use after free. Prints "violations: none" or "violations:" and simcuda's report.
-#include <arcpool/arcpool.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <vector>
 
-namespace {
+#include "rule_check.hpp"
 
-#define CHECK(call)                                                         \
-  do {                                                                      \
-    if ((call) != 0) {                                                      \
-      std::fprintf(stderr, "%s failed: %s\n", #call, arcpool_last_error()); \
-      return 2;                                                             \
-    }                                                                       \
-  } while (0)
+namespace {
 
 using value_fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
@@ -33,8 +24,7 @@ value_fn entry_point(const char* symbol) {
 }  // namespace
 
 int main() {
-  using take_fn = uint64_t (*)(char*, size_t);
-  const auto take = reinterpret_cast<take_fn>(dlsym(RTLD_DEFAULT, "simcuda_take_violations"));
+  const rule_check::take_fn take = rule_check::violations();
   if (take == nullptr) {
     std::fprintf(stderr, "not on simcuda: this check needs simcuda's race checker\n");
     return 2;
@@ -67,8 +57,8 @@ int main() {
   CHECK(arcpool_deallocate_async(a, origin, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
   CHECK(arcpool_allocation_release(a));
 
-  std::vector<char> report(1 << 16);
-  const uint64_t found = take(report.data(), report.size());
+  std::vector<char> report;
+  const uint64_t found = rule_check::take_report(take, &report);
   __atomic_store_n(word, 1u, __ATOMIC_RELEASE);
   CHECK(arcpool_stream_synchronize(alloc, user));
   CHECK(arcpool_stream_synchronize(alloc, origin));
@@ -77,10 +67,6 @@ int main() {
   arcpool_allocator_destroy(alloc);
   cudaFreeHost(word);
   take(nullptr, 0);  // what teardown may add is not this check's subject
-  if (found == 0) {
-    std::printf("violations: none\n");
-  } else {
-    std::printf("violations:\n%s", report.data());
-  }
+  rule_check::print_verdict(found, report, "");
   return 0;
 }
