@@ -29,12 +29,23 @@ uint64_t next_serial() noexcept {
   return next++;
 }
 
-void* align_up(void* p, size_t alignment) {
+}  // namespace
+
+arcpool_status_t allocator::padded_size(size_t size, size_t alignment, size_t* out) {
+  // Alignments above the pool's are served by over-allocating and aligning up.
+  const size_t extra = alignment > kPoolAlignment ? alignment - kPoolAlignment : 0;
+  if (size > SIZE_MAX - extra) {
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t", size,
+                alignment);
+  }
+  *out = size + extra;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+void* allocator::align_up(void* p, size_t alignment) {
   const auto v = reinterpret_cast<uintptr_t>(p);
   return reinterpret_cast<void*>((v + alignment - 1) & ~(uintptr_t{alignment} - 1));
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Allocation
@@ -91,14 +102,11 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, c
 
 arcpool_status_t allocator::take_from_pool(allocation::params& p, stream_handle s) {
   if (p.size == 0) return ARCPOOL_STATUS_SUCCESS;
-  // Alignments above the pool's are served by over-allocating and aligning up.
-  const size_t extra = p.alignment > kPoolAlignment ? p.alignment - kPoolAlignment : 0;
-  if (p.size > SIZE_MAX - extra) {
+  if (arcpool_status_t status = padded_size(p.size, p.alignment, &p.held_bytes);
+      status != ARCPOOL_STATUS_SUCCESS) {
     stats_.count(stat::oom_failures);
-    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t",
-                p.size, p.alignment);
+    return status;
   }
-  p.held_bytes = p.size + extra;
   if (arcpool_status_t status = allocate_from_pool(p.held_bytes, p.size, p.origin, &p.base);
       status != ARCPOOL_STATUS_SUCCESS) {
     if (log_.enabled()) log_.write("allocate failure", nullptr, p.size, s);

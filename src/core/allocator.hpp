@@ -237,6 +237,11 @@ class allocator {
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
   arcpool_status_t try_pool_allocate(size_t bytes, const stream_ref& s, void** out);
+  /// The pool bytes that serve `size` at `alignment` (alignments above the pool's are
+  /// over-allocated and aligned up); OUT_OF_MEMORY when that overflows.
+  static arcpool_status_t padded_size(size_t size, size_t alignment, size_t* out);
+  /// `p` aligned up to `alignment` (a power of two).
+  static void* align_up(void* p, size_t alignment);
   /// The fast path's miss: a block for `p` (size and alignment set) from the pool.
   arcpool_status_t take_from_pool(allocation::params& p, stream_handle s);
   /// Gives the block of a failed allocation back to the pool on `s`.

@@ -69,20 +69,14 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
   p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS | ARCPOOL_PLACEMENT_FLAG_GRAPH;
   p.size = size;
   p.alignment = alignment;
-  // Alignments above the pool's are served by over-allocating and aligning up.
-  const size_t extra =
-      alignment > ARCPOOL_DEFAULT_ALIGNMENT ? alignment - ARCPOOL_DEFAULT_ALIGNMENT : 0;
-  if (size > SIZE_MAX - extra) {
-    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t", size,
-                alignment);
-  }
+  size_t padded = 0;
+  ARCPOOL_RETURN_IF_ERROR(padded_size(size, alignment, &padded));
   // No stream cache either way: a cached block would be pool memory inside the graph, or graph
   // memory lent outside it.
   graph_pool* lender = size != 0 ? bound_pool(capture.id) : nullptr;
   if (lender != nullptr) {
     // A graph pool's block: pool memory reserved outside the capture.
-    ARCPOOL_RETURN_IF_ERROR(
-        lender->take(size + extra, capture.id, origin.id, &p.base, &p.held_bytes));
+    ARCPOOL_RETURN_IF_ERROR(lender->take(padded, capture.id, origin.id, &p.base, &p.held_bytes));
     p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS | ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL;
     p.made_by.lender = lender;
     lender->retain();
@@ -90,12 +84,11 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
     // A graph allocation node. No hard limit and no out-of-memory retry: it is the graph's.
     p.made_by.capture_id = capture.id;
     if (size != 0) {
-      p.held_bytes = size + extra;
+      p.held_bytes = padded;
       ARCPOOL_RETURN_IF_ERROR(driver_->pool_allocate(p.held_bytes, origin.handle, &p.base));
     }
   }
-  const auto v = reinterpret_cast<uintptr_t>(p.base);
-  p.data = reinterpret_cast<void*>((v + alignment - 1) & ~(uintptr_t{alignment} - 1));
+  p.data = align_up(p.base, alignment);
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
     if (lender != nullptr) {

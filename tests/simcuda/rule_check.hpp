@@ -22,10 +22,14 @@
 namespace rule_check {
 
 /// simcuda_take_violations (tests/simcuda/simcuda.h): copies simcuda's report into the buffer
-/// and clears it; returns how many violations it held. Null when not on simcuda.
+/// and clears it; returns how many violations it held. Null (saying why) when not on simcuda.
 using take_fn = uint64_t (*)(char*, size_t);
 inline take_fn violations() {
-  return reinterpret_cast<take_fn>(dlsym(RTLD_DEFAULT, "simcuda_take_violations"));
+  const auto take = reinterpret_cast<take_fn>(dlsym(RTLD_DEFAULT, "simcuda_take_violations"));
+  if (take == nullptr) {
+    std::fprintf(stderr, "not on simcuda: this check needs simcuda's race checker\n");
+  }
+  return take;
 }
 
 /// Takes simcuda's report now: how many violations, and their text.
