@@ -87,18 +87,18 @@ CUresult stream_memory_op(CUstream stream, CUdeviceptr address, cuuint32_t value
     // location. Work ordered after the operation will block until the given condition on the
     // memory is satisfied."
     const unsigned condition = flags & 0x3u;
-    o->run = [word, value, condition] {
-      for (;;) {
-        const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-        const bool met = condition == CU_STREAM_WAIT_VALUE_GEQ
-                             ? static_cast<int32_t>(v - value) >= 0
-                         : condition == CU_STREAM_WAIT_VALUE_EQ  ? v == value
-                         : condition == CU_STREAM_WAIT_VALUE_AND ? (v & value) != 0
-                                                                 : ~(v | value) != 0;
-        if (met) return;
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+    auto met = [word, value, condition] {
+      const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+      return condition == CU_STREAM_WAIT_VALUE_GEQ   ? static_cast<int32_t>(v - value) >= 0
+             : condition == CU_STREAM_WAIT_VALUE_EQ  ? v == value
+             : condition == CU_STREAM_WAIT_VALUE_AND ? (v & value) != 0
+                                                     : ~(v | value) != 0;
     };
+    o->run = [met] {
+      while (!met())
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    };
+    o->held = [met] { return !met(); };
   } else {
     o->run = [word, value] { __atomic_store_n(word, value, __ATOMIC_RELEASE); };
   }

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cuda_runtime_api.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -33,6 +35,12 @@ uint64_t simcuda_primary_contexts(int device);
 
 /** Waits that pools inserted between streams to reuse memory (internal dependencies). */
 uint64_t simcuda_hidden_waits(void);
+
+/** Lets `stream` run as far as it can, then returns: once it is idle, held by a stream memory
+ * wait (cuStreamWaitValue32) whose condition is unmet, or waiting on streams that are settled
+ * the same way and cannot go on. Then nothing queued on it can run without a further host
+ * action. Returns 0, or -1 (with a violation) when `stream` is not a live stream. */
+int simcuda_stream_settle(cudaStream_t stream);
 
 /** Warnings of unverified rules so far (see docs/simcuda.md: they warn, never fail). */
 uint64_t simcuda_unverified_warnings(void);

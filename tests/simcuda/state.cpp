@@ -238,6 +238,15 @@ uint64_t simcuda_hidden_waits(void) {
   return rt().hidden_waits;
 }
 
+int simcuda_stream_settle(cudaStream_t stream) {
+  std::unique_lock<std::mutex> lock(rt().mu);
+  simcuda::stream_obj* s = simcuda::resolve_stream(stream, false, "simcuda_stream_settle");
+  if (s == nullptr) return -1;
+  std::vector<simcuda::stream_obj*> path;
+  simcuda::settle(lock, *s, path);
+  return 0;
+}
+
 uint64_t simcuda_unverified_warnings(void) {
   std::lock_guard<std::mutex> lock(rt().mu);
   return rt().unverified;

@@ -61,6 +61,8 @@ struct op {
   std::function<void()> complete;   ///< bookkeeping, run with the lock once `run` returned
   bool host_function = false;       ///< run flags the worker as inside a host function
   uintptr_t watches = 0;            ///< host memory a stream memory op reads or writes
+  /// A stream memory wait: whether its condition is unmet now (only a host write can end it).
+  std::function<bool()> held;
 };
 
 /// A stream: its queue, its order and its worker.
@@ -363,6 +365,10 @@ uint64_t enqueue(stream_obj& s, std::unique_ptr<op> o);
 void host_wait(std::unique_lock<std::mutex>& lock, stream_point p, const vclock& clock);
 /// Whether `p` completed.
 bool done(stream_point p);
+/// Lets `s` run as far as it can (releasing the lock while waiting): returns once `s` is idle,
+/// held by an unmet stream memory wait, or waits on streams that are themselves settled and
+/// cannot go on. `path` holds the streams being settled further up (a wait cycle ends there).
+void settle(std::unique_lock<std::mutex>& lock, stream_obj& s, std::vector<stream_obj*>& path);
 /// Starts a device-wide barrier: later work on any stream of `d` follows all earlier work
 /// (implicit synchronization). `why` names the call.
 void device_barrier(device_obj& d, const char* why);

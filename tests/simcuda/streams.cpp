@@ -143,6 +143,30 @@ uint64_t enqueue(stream_obj& s, std::unique_ptr<op> o) {
   return seq;
 }
 
+void settle(std::unique_lock<std::mutex>& lock, stream_obj& s, std::vector<stream_obj*>& path) {
+  if (std::find(path.begin(), path.end(), &s) != path.end()) return;  // waits on itself
+  path.push_back(&s);
+  runtime& r = rt();
+  while (!s.queue.empty()) {
+    op& front = *s.queue.front();
+    const uint64_t seq = front.seq;
+    if (front.held && front.held()) break;  // only the host's write can end it
+    if (ready(front)) {
+      // Running, or about to: it completes without further events.
+      r.cv.wait(lock, [&] { return s.completed >= seq || (front.held && front.held()); });
+      continue;
+    }
+    std::vector<stream_obj*> waited_on;
+    for (const stream_point& p : front.after)
+      if (!done(p)) waited_on.push_back(p.stream);
+    for (stream_obj* t : waited_on)
+      settle(lock, *t, path);
+    // The waits ended (the worker may have run `front` meanwhile), or they cannot end.
+    if (!s.queue.empty() && s.queue.front()->seq == seq && !ready(*s.queue.front())) break;
+  }
+  path.pop_back();
+}
+
 void host_wait(std::unique_lock<std::mutex>& lock, stream_point p, const vclock& clock) {
   runtime& r = rt();
   r.cv.wait(lock, [&] { return done(p); });

@@ -124,7 +124,8 @@ class DriverTest : public ::testing::TestWithParam<driver_param> {
   std::shared_ptr<marker> mark(arcpool_stream_t s);
   /// Lets `s` run as far as it can. Host driver: returns once `s` is idle or blocked in a wait,
   /// so a marker that is not reached then cannot be reached without further events. CUDA
-  /// driver: gives the stream 20 ms (a missing wait shows as a reached marker).
+  /// driver on simcuda: the same, exactly (simcuda_stream_settle); on a GPU: gives the stream
+  /// 20 ms (a missing wait shows as a reached marker).
   void settle(arcpool_stream_t s);
   /// Writes `bytes` bytes of `value` at `p` in stream order (host work on the host driver,
   /// where ASan sees a write to freed memory; cudaMemsetAsync on CUDA).

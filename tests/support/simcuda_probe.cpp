@@ -32,6 +32,14 @@ uint64_t simcuda_calls(const char* name) {
   return count == nullptr ? 0 : count(name);
 }
 
+bool simcuda_settle(void* stream) {
+  using settle_fn = int (*)(void*);
+  static const settle_fn settle = lookup<settle_fn>("simcuda_stream_settle");
+  if (settle == nullptr) return false;
+  settle(stream);  // a handle that is not a live stream is a simcuda violation: the test fails
+  return true;
+}
+
 void reset_simcuda_calls() {
   using reset_fn = void (*)();
   static const reset_fn reset = lookup<reset_fn>("simcuda_reset_call_counts");

@@ -17,6 +17,10 @@ std::string take_simcuda_violations();
 /// simcuda's count of calls to `name` (0 when not on simcuda).
 uint64_t simcuda_calls(const char* name);
 
+/// On simcuda, lets the stream with handle `stream` run as far as it can (see
+/// simcuda_stream_settle) and returns true; elsewhere returns false at once.
+bool simcuda_settle(void* stream);
+
 /// Resets simcuda's call counters (no effect when not on simcuda).
 void reset_simcuda_calls();
 
