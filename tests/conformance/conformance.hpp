@@ -36,6 +36,7 @@ using arcpool::test::on_simcuda;
 using arcpool::test::simcuda_calls;
 using arcpool::test::simcuda_hidden_waits;
 using arcpool::test::simcuda_primary_contexts;
+using arcpool::test::simcuda_settle;
 using arcpool::test::take_simcuda_violations;
 
 /// Mapped page-locked words for gates and markers, allocated once (a page-locked allocation

@@ -148,6 +148,43 @@ TEST_F(SimcudaRules, FreeingNonGraphMemoryDuringCaptureIsAViolation) {
   cudaStreamDestroy(s);
 }
 
+// simcuda_stream_settle: the tests' settle() on simcuda (docs/simcuda.md).
+TEST_F(SimcudaRules, SettleReturnsOnlyWhenTheStreamCannotProgress) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  words w;
+  cudaStream_t slow = make_stream(), held = make_stream(), waiter = make_stream();
+  cudaEvent_t after_slow = nullptr, after_gate = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&after_slow, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&after_gate, cudaEventDisableTiming));
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocAsync(&p, 4096, slow));
+  // Work that runs without the host (however the scheduler delays it): settle waits it out,
+  // also when the stream settled only waits on it.
+  for (int i = 0; i < 20; ++i)
+    ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, i, 4096, slow));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(after_slow, slow));
+  ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(waiter, after_slow, 0));
+  w.mark(waiter, 0);
+  ASSERT_TRUE(simcuda_settle(waiter));
+  EXPECT_TRUE(w.reached(0)) << "settle returned while the stream it waits on could still run";
+  // Held by a gate on another stream: settle returns, and the marker behind it is unreachable.
+  w.gate(held, 1);
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(after_gate, held));
+  ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(waiter, after_gate, 0));
+  w.mark(waiter, 2);
+  ASSERT_TRUE(simcuda_settle(waiter));
+  EXPECT_FALSE(w.reached(2));
+  w.open(1);
+  ASSERT_TRUE(simcuda_settle(waiter));
+  EXPECT_TRUE(w.reached(2)) << "settle returned before the opened gate let the waiter run";
+  EXPECT_EQ(cudaSuccess, cudaFreeAsync(p, slow));
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  cudaEventDestroy(after_slow);
+  cudaEventDestroy(after_gate);
+  for (cudaStream_t s : {slow, held, waiter})
+    cudaStreamDestroy(s);
+}
+
 TEST_F(SimcudaRules, CallsAreCounted) {
   CONFORMANCE_SIMCUDA_ONLY();
   cudaStream_t s = make_stream();
