@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "support/driver_test.hpp"
 
@@ -181,6 +182,38 @@ TEST(Stats, ResetPeaksRestartsEveryHighWaterMarkThePoolsIncluded) {
   ASSERT_OK(arcpool_stats_get(a, &st));
   EXPECT_EQ(0u, st.bytes_in_use_peak);
   EXPECT_EQ(0u, st.pool_reserved_bytes_peak) << "the pool's high-water mark was not reset";
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+}
+
+// Issue 9, bug 10: the demo printed an allocations_in_use peak of 0 next to a 20 MiB
+// bytes_in_use peak (the count's batch of 64 never flushed). The count is flushed with the
+// bytes, so the count peak accounts for the byte peak.
+TEST(Stats, TheAllocationCountPeakIsTakenWithTheBytePeak) {
+  auto o = defaults();
+  o.driver = ARCPOOL_DRIVER_HOST;
+  arcpool_allocator_t* a = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&o, &a));
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  constexpr size_t kBytes = 1 << 20;  // one byte batch: every second allocation flushes
+  constexpr int kLive = 20;           // far below the count's batch of 64
+  std::vector<arcpool_allocation_t*> live(kLive);
+  for (arcpool_allocation_t*& h : live)
+    ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
+  for (arcpool_allocation_t* h : live) {
+    ASSERT_OK(arcpool_deallocate_async(h, s, 0));
+    arcpool_allocation_release(h);
+  }
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  ASSERT_OK(arcpool_stats_get(a, &st));
+  EXPECT_EQ(uint64_t{kLive} * kBytes, st.bytes_in_use_peak);
+  EXPECT_EQ(uint64_t{kLive}, st.allocations_in_use_peak)
+      << "a byte peak of " << st.bytes_in_use_peak << " bytes in allocations of " << kBytes
+      << " bytes needs that many live allocations";
   ASSERT_OK(arcpool_stream_destroy(a, s));
   arcpool_allocator_destroy(a);
 }

@@ -50,7 +50,8 @@ void print_stats(const arcpool_stats_t& s) {
   std::printf(
       "(peaks are approximate: each thread batches its changes, 1 MiB for byte gauges and 64 "
       "for allocations_in_use,\n before they reach the peak, so a rise smaller than one batch "
-      "does not show; see arcpool_stats_t)\n");
+      "does not show; the count is flushed\n with the bytes, so their peaks agree; see "
+      "arcpool_stats_t)\n");
   std::printf("\n%-28s %16s\n", "counter", "value");
 #define ARCPOOL_DEMO_COUNTER(name, doc) \
   std::printf("%-28s %16llu\n", #name, (unsigned long long)s.name);

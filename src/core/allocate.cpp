@@ -175,8 +175,8 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
     st.sub(stat::bytes_cached, static_cast<int64_t>(size));
   }
   st.count(stat::allocations);
+  st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
   st.add(stat::bytes_in_use, static_cast<int64_t>(size));
-  st.add(stat::allocations_in_use, 1);
   if (log_.enabled()) log_.write("allocate", p.data, size, s);
   nvtx::name_region(p.data, size, p.serial);
   *out = a;

@@ -108,7 +108,8 @@ arcpool_status_t allocator::capturing_failure(const stream_ref& s, const char* w
   return fail(ARCPOOL_STATUS_UNSUPPORTED, "%s: stream %p (id %llu) is capturing a CUDA graph; %s",
               what, static_cast<void*>(s.handle), static_cast<unsigned long long>(s.id),
               driver_->supports_graphs()
-                  ? "arcpool supports only allocate and deallocate there (docs/graphs.md)"
+                  ? "arcpool supports only allocate, deallocate, and transfers and use records "
+                    "between streams of one capture there (docs/graphs.md)"
                   : "this driver builds no graphs, so arcpool supports nothing there");
 }
 

@@ -34,7 +34,9 @@ enum gauge : size_t {
 /// A gauge has a high-water mark. Each shard accumulates its changes and flushes them to the
 /// gauge's total once they exceed the gauge's threshold either way, where the peak is raised.
 /// current() is exact; peak() may miss a rise shorter than the unflushed amounts (at most the
-/// threshold per thread). A threshold of 0 makes every change exact (used under a hard limit).
+/// threshold per thread). A flush of bytes_in_use flushes the shard's allocations_in_use too,
+/// so the two peaks are taken at the same moments. A threshold of 0 makes every change exact (used
+/// under a hard limit).
 class stats {
   /// One thread shard's words: the counters, then the gauges' unflushed changes.
   struct alignas(64) shard {
@@ -77,7 +79,15 @@ class stats {
       std::atomic<int64_t>& pending = shard_.value[stat::kCounters + g];
       shard_add(pending, n, exclusive_);
       const int64_t v = pending.load(std::memory_order_relaxed);
-      if (v > threshold || v < -threshold) flush(total, pending);
+      if (v > threshold || v < -threshold) {
+        flush(total, pending);
+        // The count is flushed with the bytes, so that its peak is taken with theirs: a byte
+        // peak of 20 MiB never sits next to a count peak of 0 (allocate adds the count first).
+        if (g == stat::bytes_in_use) {
+          flush(owner_.totals_[stat::allocations_in_use],
+                shard_.value[stat::kCounters + stat::allocations_in_use]);
+        }
+      }
     }
     void sub(stat::gauge g, int64_t n) noexcept { add(g, -n); }
 
