@@ -3,10 +3,16 @@
 // on and off) and through the raw driver pool, and reports time per event, peak in use, peak
 // reserved and their ratios. arcpool's own logs (arcpool_allocator_log_open) replay too.
 //
-//   arcpool-replay [--driver auto|cuda|host|null] [--capacity BYTES] [--json FILE] TRACE...
+//   arcpool-replay [--driver auto|cuda|host|null] [--capacity BYTES] [--json FILE]
+//                  [--series FILE] TRACE...
+//
+// --series FILE (one trace): after every event of the arcpool replay (cache on), the bytes in
+// use per trace stream and arcpool's bytes in use, held and cached, as JSON for
+// `python -m arcpool plot FILE`.
 //
 // On the host driver the pool hands out address space with no backing memory (the traces'
-// footprints reach 24 GB), under a simulated capacity (default 64 GiB). Uses one internal on
+// footprints reach 24 GB), under a simulated capacity (default 64 GiB). On a terminal a progress
+// line (events replayed, rate, time left) is drawn on standard error. Uses one internal on
 // purpose: the allocator's driver (detail::from_handle), to replay the same trace on the raw pool.
 #include <chrono>
 #include <cinttypes>
@@ -21,10 +27,12 @@
 
 #include "arcpool/arcpool.h"
 #include "core/allocator.hpp"
+#include "progress.hpp"
 
 namespace {
 
 struct event {
+  double time;  // seconds since the trace's first row
   bool allocate;
   uint64_t pointer;  // the trace's pointer: a key only
   size_t size;
@@ -37,6 +45,14 @@ struct trace {
   uint64_t peak_live = 0;  // largest sum of live requested sizes: the bound any allocator meets
   size_t streams = 0;
 };
+
+/// The Time column (HH:MM:SS.ffffff, local time of day) in seconds.
+double parse_time(const std::string& s) {
+  int h = 0, m = 0;
+  double sec = 0;
+  if (std::sscanf(s.c_str(), "%d:%d:%lf", &h, &m, &sec) != 3) return 0;
+  return h * 3600.0 + m * 60.0 + sec;
+}
 
 uint64_t parse_hex(const std::string& s) {
   if (s == "(nil)" || s.empty()) return 0;
@@ -57,6 +73,7 @@ bool load(const char* path, trace* t) {
   std::unordered_map<uint64_t, bool> streams;
   uint64_t live_bytes = 0;
   size_t number = 1;
+  double first = -1, day = 0, last = 0;
   while (std::getline(in, line)) {
     ++number;
     std::vector<std::string> f;
@@ -66,8 +83,15 @@ bool load(const char* path, trace* t) {
     if (f.size() < 6) continue;
     const std::string& action = f[2];
     if (action != "allocate" && action != "free") continue;  // "allocate failure" rows
-    event e{action == "allocate", parse_hex(f[3]), std::strtoull(f[4].c_str(), nullptr, 10),
-            parse_hex(f[5])};
+    double at = parse_time(f[1]) + day;
+    if (at + 12 * 3600.0 < last) {  // past midnight
+      day += 24 * 3600.0;
+      at += 24 * 3600.0;
+    }
+    last = at;
+    if (first < 0) first = at;
+    event e{at - first, action == "allocate", parse_hex(f[3]),
+            std::strtoull(f[4].c_str(), nullptr, 10), parse_hex(f[5])};
     streams[e.stream] = true;
     if (e.allocate) {
       if (live.count(e.pointer) != 0) {
@@ -90,12 +114,24 @@ bool load(const char* path, trace* t) {
   return true;
 }
 
+/// Events between two looks at the clock for the progress line (the replays are timed).
+constexpr size_t kProgressEvery = 1024;
+
 struct result {
   std::string mode;
   double seconds = 0;
   uint64_t peak_reserved = 0;
   uint64_t peak_in_use = 0;
   uint64_t failures = 0;
+};
+
+/// What --series writes: after every event, the bytes in use per trace stream (by the stream
+/// that allocated) and arcpool's gauges.
+struct series {
+  std::vector<double> time;
+  std::vector<uint64_t> streams;                     // the trace's stream handles, in order
+  std::vector<std::vector<uint64_t>> stream_in_use;  // [stream][event]
+  std::vector<uint64_t> in_use, held, cached;        // arcpool_stats_t's _current, per event
 };
 
 arcpool_allocator_t* make(arcpool_driver_kind_t driver, size_t capacity, bool cache) {
@@ -132,28 +168,67 @@ void settle(arcpool_allocator_t* a, const std::unordered_map<uint64_t, arcpool_s
     arcpool_stream_synchronize(a, s);
 }
 
-result replay_arcpool(const trace& t, arcpool_driver_kind_t driver, size_t capacity, bool cache) {
+/// Appends the state after one event to `out`: `in_use` holds the bytes in use per stream
+/// index of out->streams.
+void sample(arcpool_allocator_t* a, double time, const std::vector<uint64_t>& in_use, series* out) {
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  arcpool_stats_get(a, &st);
+  out->time.push_back(time);
+  for (size_t i = 0; i < in_use.size(); ++i)
+    out->stream_in_use[i].push_back(in_use[i]);
+  out->in_use.push_back(st.bytes_in_use_current);
+  out->held.push_back(st.bytes_held_current);
+  out->cached.push_back(st.bytes_cached_current);
+}
+
+/// Replays `t` through arcpool; with `out`, samples the state after every event.
+result replay_arcpool(const trace& t, arcpool_driver_kind_t driver, size_t capacity, bool cache,
+                      series* out = nullptr) {
   result r;
   r.mode = cache ? "arcpool" : "arcpool (cache off)";
   arcpool_allocator_t* a = make(driver, capacity, cache);
   auto streams = make_streams(a, t);
-  std::unordered_map<uint64_t, arcpool_allocation_t*> live;
+  struct held {
+    arcpool_allocation_t* handle;
+    size_t size;
+    size_t stream_index;  // in out->streams
+  };
+  std::unordered_map<uint64_t, held> live;
   live.reserve(t.events.size());
+  std::unordered_map<uint64_t, size_t> stream_index;
+  std::vector<uint64_t> stream_bytes;
+  if (out != nullptr) {
+    for (const event& e : t.events) {
+      if (stream_index.emplace(e.stream, out->streams.size()).second)
+        out->streams.push_back(e.stream);
+    }
+    out->stream_in_use.resize(out->streams.size());
+    stream_bytes.resize(out->streams.size());
+  }
+  arcpool::tools::progress line(r.mode.c_str(), "events");
   const auto start = std::chrono::steady_clock::now();
-  for (const event& e : t.events) {
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const event& e = t.events[i];
+    if (i % kProgressEvery == 0) line.update(i, double(i) / t.events.size());
     arcpool_stream_t s = streams[e.stream];
     if (e.allocate) {
       arcpool_allocation_t* h = nullptr;
       if (arcpool_allocate_async(a, e.size, 0, s, 0, &h) == ARCPOOL_STATUS_SUCCESS) {
-        live[e.pointer] = h;
+        const size_t index = out != nullptr ? stream_index[e.stream] : 0;
+        live[e.pointer] = {h, e.size, index};
+        if (out != nullptr) stream_bytes[index] += e.size;
       } else {
         ++r.failures;
       }
     } else if (auto it = live.find(e.pointer); it != live.end()) {
-      arcpool_deallocate_async(it->second, s, 0);
-      arcpool_allocation_release(it->second);
+      if (out != nullptr) stream_bytes[it->second.stream_index] -= it->second.size;
+      arcpool_deallocate_async(it->second.handle, s, 0);
+      arcpool_allocation_release(it->second.handle);
       live.erase(it);
     }
+    if (out != nullptr) sample(a, e.time, stream_bytes, out);
   }
   settle(a, streams);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -164,8 +239,8 @@ result replay_arcpool(const trace& t, arcpool_driver_kind_t driver, size_t capac
   r.peak_reserved = st.pool_reserved_bytes_peak;
   r.peak_in_use = st.bytes_in_use_peak;
   for (auto& [key, h] : live) {
-    arcpool_deallocate_async(h, streams[0], ARCPOOL_DEALLOCATE_FLAG_FORCE);
-    arcpool_allocation_release(h);
+    arcpool_deallocate_async(h.handle, streams[0], ARCPOOL_DEALLOCATE_FLAG_FORCE);
+    arcpool_allocation_release(h.handle);
   }
   settle(a, streams);
   arcpool_allocator_trim(a, 0);
@@ -196,8 +271,11 @@ result replay_raw(const trace& t, arcpool_driver_kind_t driver, size_t capacity)
   arcpool::detail::event_handle order = nullptr;
   if (drv.event_create(&order) != ARCPOOL_STATUS_SUCCESS) ++r.failures;
   uint64_t in_use = 0;
+  arcpool::tools::progress line(r.mode.c_str(), "events");
   const auto start = std::chrono::steady_clock::now();
-  for (const event& e : t.events) {
+  for (size_t i = 0; i < t.events.size(); ++i) {
+    const event& e = t.events[i];
+    if (i % kProgressEvery == 0) line.update(i, double(i) / t.events.size());
     arcpool_stream_t s = streams[e.stream];
     if (e.allocate) {
       void* p = nullptr;
@@ -235,12 +313,48 @@ result replay_raw(const trace& t, arcpool_driver_kind_t driver, size_t capacity)
   return r;
 }
 
+void write_numbers(FILE* f, const char* name, const std::vector<uint64_t>& v) {
+  std::fprintf(f, "\"%s\": [", name);
+  for (size_t i = 0; i < v.size(); ++i)
+    std::fprintf(f, "%s%" PRIu64, i ? ", " : "", v[i]);
+  std::fprintf(f, "]");
+}
+
+/// Writes `s` as the JSON `python -m arcpool plot` reads (design.md §11).
+bool write_series(const char* path, const trace& t, arcpool_driver_kind_t driver, const series& s) {
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "arcpool-replay: cannot write %s\n", path);
+    return false;
+  }
+  std::fprintf(f, "{\"source\": \"arcpool-replay\", \"trace\": \"%s\", \"driver\": \"%s\", ",
+               t.name.c_str(), arcpool_driver_name(driver));
+  std::fprintf(f, "\"mode\": \"arcpool\", \"peak_live\": %" PRIu64 ", \"time_s\": [", t.peak_live);
+  for (size_t i = 0; i < s.time.size(); ++i)
+    std::fprintf(f, "%s%.6f", i ? ", " : "", s.time[i]);
+  std::fprintf(f, "], \"streams\": {");
+  for (size_t i = 0; i < s.streams.size(); ++i) {
+    std::fprintf(f, "%s\"0x%" PRIx64 "\": {", i ? ", " : "", s.streams[i]);
+    write_numbers(f, "in_use", s.stream_in_use[i]);
+    std::fprintf(f, "}");
+  }
+  std::fprintf(f, "}, \"total\": {");
+  write_numbers(f, "in_use", s.in_use);
+  std::fprintf(f, ", ");
+  write_numbers(f, "held", s.held);
+  std::fprintf(f, ", ");
+  write_numbers(f, "cached", s.cached);
+  std::fprintf(f, "}}\n");
+  return std::fclose(f) == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   arcpool_driver_kind_t driver = ARCPOOL_DRIVER_AUTO;
   size_t capacity = size_t{64} << 30;
   const char* json = nullptr;
+  const char* series_path = nullptr;
   std::vector<const char*> paths;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -254,18 +368,25 @@ int main(int argc, char** argv) {
       capacity = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
+    } else if (a == "--series" && i + 1 < argc) {
+      series_path = argv[++i];
     } else if (!a.empty() && a[0] != '-') {
       paths.push_back(argv[i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--driver auto|cuda|host|null] [--capacity BYTES] [--json FILE] "
-                   "TRACE.csv...\n",
+                   "[--series FILE] TRACE.csv...\n",
                    argv[0]);
       return 2;
     }
   }
   if (paths.empty()) {
     std::fprintf(stderr, "arcpool-replay: no trace given\n");
+    return 2;
+  }
+  if (series_path != nullptr && paths.size() != 1) {
+    std::fprintf(stderr, "arcpool-replay: --series takes exactly one trace (%zu given)\n",
+                 paths.size());
     return 2;
   }
   {
@@ -313,6 +434,12 @@ int main(int argc, char** argv) {
       if (r.failures != 0) failed = 1;
     }
     if (out != nullptr) std::fprintf(out, "]}");
+    if (series_path != nullptr) {
+      // A separate replay: sampling after every event would distort the timed ones above.
+      series s;
+      if (replay_arcpool(t, driver, capacity, true, &s).failures != 0) failed = 1;
+      if (!write_series(series_path, t, driver, s)) return 1;
+    }
   }
   if (out != nullptr) {
     std::fprintf(out, "]}\n");

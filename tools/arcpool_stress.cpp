@@ -7,6 +7,7 @@
 // --graphs (CUDA driver) adds graph workers: each captures a step (graph allocations or a graph
 // pool's blocks, fills, a fork that verifies on a second stream, a join, the frees, and an
 // earlier allocation freed during the capture), replays it, and destroys it (docs/graphs.md).
+// On a terminal a progress line (operations, rate, time left) is drawn on standard error.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include "arcpool/arcpool.h"
+#include "progress.hpp"
 #include "workload.hpp"
 
 namespace {
@@ -470,6 +472,30 @@ bool parse(int argc, char** argv, config* c) {
          (c->max_bytes == 0 || c->max_bytes >= c->min_bytes) && c->live_per_thread > 0;
 }
 
+/// Until the workers are done: stops them when a timed run's seconds are up, and draws the
+/// progress line (operations so far) on a terminal.
+void watch(shared_state& s, const config& cfg, std::chrono::steady_clock::time_point start,
+           const std::atomic<int>& running) {
+  arcpool::tools::progress line("arcpool-stress", "operations");
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(cfg.seconds));
+  const double planned = static_cast<double>(cfg.ops) * cfg.threads;
+  while (running.load() > 0) {
+    const auto now = std::chrono::steady_clock::now();
+    if (cfg.ops == 0 && now >= deadline) {
+      s.stop = true;
+      break;
+    }
+    const auto nap = std::chrono::steady_clock::duration(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(cfg.ops == 0 ? std::min(nap, deadline - now) : nap);
+    uint64_t done = 0;
+    for (const auto& c : s.counts)
+      done += c.load(std::memory_order_relaxed);
+    const double elapsed = std::chrono::duration<double>(now - start).count();
+    line.update(done, cfg.ops == 0 ? elapsed / cfg.seconds : done / planned);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -543,16 +569,20 @@ int main(int argc, char** argv) {
 
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
+  std::atomic<int> running{cfg.threads + graph_threads};
   for (int t = 0; t < cfg.threads; ++t) {
-    threads.emplace_back([&s, t] { worker(s, t).run(); });
+    threads.emplace_back([&s, &running, t] {
+      worker(s, t).run();
+      running.fetch_sub(1);
+    });
   }
   for (int t = 0; t < graph_threads; ++t) {
-    threads.emplace_back([&s, t] { graph_worker(s, t).run(); });
+    threads.emplace_back([&s, &running, t] {
+      graph_worker(s, t).run();
+      running.fetch_sub(1);
+    });
   }
-  if (cfg.ops == 0) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(cfg.seconds));
-    s.stop = true;
-  }
+  watch(s, cfg, start, running);
   for (auto& th : threads)
     th.join();
   // Claims still in the exchange: nobody adopted them.
