@@ -39,6 +39,8 @@ _TORCH_KEYS = {
     "allocation.all.peak": "allocations_in_use_peak",
     "allocation.all.allocated": "allocations",
     "allocation.all.freed": "deallocations",
+    "requested_bytes.all.current": "bytes_in_use_current",
+    "requested_bytes.all.peak": "bytes_in_use_peak",
     "num_alloc_retries": "oom_retries",
     "num_ooms": "oom_failures",
 }

@@ -4,6 +4,17 @@
     arcpool.torch.install()      # before the first CUDA tensor
     ...
     arcpool.torch.stats()        # PyTorch cannot see a pluggable allocator's statistics
+    arcpool.torch.memory_allocated()           # torch.cuda's memory functions, from arcpool
+    arcpool.torch.patch_memory_api()           # or make torch.cuda's own answer from arcpool
+
+torch.cuda.memory_allocated, memory_stats and the rest raise with a pluggable allocator (they
+read the native caching allocator's statistics). arcpool.torch has the same functions, with the
+same signatures, answering from the device's arcpool allocator; patch_memory_api() puts them in
+place of torch.cuda's (and torch.cuda.memory's), unpatch_memory_api() restores torch's. The
+figures: memory_allocated is the bytes of live allocations (requested sizes), memory_reserved
+the bytes the CUDA pool reserves from the device (cudaMemPoolAttrReservedMemCurrent, as torch's
+own cudaMallocAsync backend reports it); peaks may miss a rise shorter than arcpool's per-thread
+batch (1 MiB; see arcpool_stats_t).
 
 install() wires every hook PyTorch accepts as a C function pointer: alloc / free (the free
 receives the allocation stream), record_stream (Tensor.record_stream becomes an arcpool use
@@ -15,6 +26,7 @@ CUDA graph capture is not supported yet: PyTorch's graph-pool hooks take C++ typ
 shim built against libtorch. An allocation on a capturing stream raises RuntimeError with
 arcpool's UNSUPPORTED message, never an out-of-memory.
 """
+import collections
 import ctypes
 import os
 
@@ -80,3 +92,95 @@ def stats(device=0):
     from . import stats as arcpool_stats
 
     return arcpool_stats(device)
+
+
+def _device_index(device):
+    """torch.cuda's device argument (None: the current device; an int, "cuda:N" or a
+    torch.device) as an index. None is device 0 where torch or CUDA is not available."""
+    if device is None:
+        try:
+            import torch
+
+            return torch.cuda.current_device() if torch.cuda.is_available() else 0
+        except ImportError:
+            return 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind != "cuda":
+            raise ValueError(f"arcpool: {device!r} is not a CUDA device")
+        return int(index) if index else _device_index(None)
+    index = getattr(device, "index", None)  # torch.device
+    if getattr(device, "type", "cuda") != "cuda":
+        raise ValueError(f"arcpool: {device!r} is not a CUDA device")
+    return _device_index(None) if index is None else index
+
+
+def memory_stats(device=None):
+    """torch.cuda.memory_stats(device), from arcpool: torch's keys where they mean the same
+    (allocated_bytes, requested_bytes, reserved_bytes, allocation, num_alloc_retries, num_ooms)
+    and every arcpool figure as "arcpool.<name>", sorted by key as torch sorts them."""
+    from . import stats as arcpool_stats
+
+    figures = arcpool_stats(_device_index(device))
+    return collections.OrderedDict(sorted(figures.items()))
+
+
+def memory_allocated(device=None):
+    """torch.cuda.memory_allocated(device): bytes of live allocations."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    """torch.cuda.max_memory_allocated(device): the peak of memory_allocated since the start or
+    the last reset_peak_memory_stats."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    """torch.cuda.memory_reserved(device): bytes the CUDA pool reserves from the device."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    """torch.cuda.max_memory_reserved(device): the peak of memory_reserved."""
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    """torch.cuda.reset_peak_memory_stats(device): every peak restarts at its current value."""
+    from . import reset_peak_stats
+
+    reset_peak_stats(_device_index(device))
+
+
+_MEMORY_API = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+               "max_memory_reserved", "reset_peak_memory_stats")
+_patched = {}
+
+
+def patch_memory_api(cuda=None):
+    """Makes torch.cuda's memory_stats, memory_allocated, max_memory_allocated,
+    memory_reserved, max_memory_reserved and reset_peak_memory_stats answer from arcpool, in
+    torch.cuda and in torch.cuda.memory (whose own functions call one another there). `cuda` is
+    torch.cuda unless given. Idempotent; unpatch_memory_api() restores torch's."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    ours = globals()
+    for namespace in (cuda, cuda.memory):
+        for name in _MEMORY_API:
+            current = getattr(namespace, name)
+            if current is ours[name]:
+                continue
+            _patched[(id(namespace), name)] = (namespace, current)
+            setattr(namespace, name, ours[name])
+
+
+def unpatch_memory_api():
+    """Puts back the functions patch_memory_api() replaced."""
+    for (_, name), (namespace, original) in _patched.items():
+        setattr(namespace, name, original)
+    _patched.clear()

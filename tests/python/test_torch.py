@@ -49,6 +49,25 @@ class TorchDropIn(unittest.TestCase):
             print("ok")
         """)
 
+    def test_torch_cuda_memory_functions_answer_from_arcpool_once_patched(self):
+        self.check("""
+            arcpool.torch.install()
+            arcpool.torch.patch_memory_api()
+            before = torch.cuda.memory_allocated()
+            x = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+            during = torch.cuda.memory_allocated()
+            assert during == before + (1 << 22), (before, during)
+            assert torch.cuda.max_memory_allocated() >= during
+            assert torch.cuda.memory_stats()["allocation.all.current"] >= 1
+            del x
+            torch.cuda.synchronize()
+            assert torch.cuda.memory_allocated() == before
+            torch.cuda.reset_peak_memory_stats()
+            assert torch.cuda.max_memory_allocated() == before
+            arcpool.torch.unpatch_memory_api()
+            print("ok")
+        """)
+
     def test_record_stream_ignores_empty_and_foreign_tensors(self):
         self.check("""
             arcpool.torch.install()

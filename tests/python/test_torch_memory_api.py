@@ -1,0 +1,98 @@
+"""arcpool.torch's torch.cuda memory functions and the patch that puts them in torch.cuda.
+
+They read arcpool's statistics, so they run without a GPU and without PyTorch; the patch is
+checked on a stand-in for torch.cuda here, and on torch itself where torch is installed.
+"""
+import ctypes
+import importlib.util
+import types
+import unittest
+
+import arcpool
+import arcpool.torch as at
+
+MIB = 1 << 20
+
+
+def _malloc(size, device=0):
+    pointer = arcpool._lib.lib.arcpool_malloc_async(size, device, None)
+    if not pointer:
+        raise AssertionError(arcpool._lib.lib.arcpool_last_error().decode())
+    return pointer
+
+
+def _free(pointer, size, device=0):
+    arcpool._lib.check(arcpool._lib.lib.arcpool_free_async(ctypes.c_void_p(pointer), size,
+                                                          device, None), "arcpool_free_async")
+
+
+class TorchMemoryApi(unittest.TestCase):
+    def test_the_memory_functions_answer_from_arcpool(self):
+        before = at.memory_allocated(0)
+        pointer = _malloc(4 * MIB)  # above the per-thread batch: the peak sees it
+        self.assertEqual(before + 4 * MIB, at.memory_allocated(0))
+        self.assertGreaterEqual(at.max_memory_allocated(0), before + 4 * MIB)
+        self.assertGreaterEqual(at.memory_reserved(0), 4 * MIB)
+        self.assertGreaterEqual(at.max_memory_reserved(0), at.memory_reserved(0))
+        stats = at.memory_stats(0)
+        self.assertEqual(sorted(stats), list(stats), "sorted by key, as torch's")
+        self.assertEqual(stats["allocated_bytes.all.current"], stats["arcpool.bytes_in_use_current"])
+        self.assertEqual(stats["allocation.all.current"], stats["arcpool.allocations_in_use_current"])
+        _free(pointer, 4 * MIB)
+        self.assertEqual(before, at.memory_allocated(0))
+        at.reset_peak_memory_stats(0)
+        self.assertEqual(at.memory_allocated(0), at.max_memory_allocated(0))
+
+    def test_devices_are_named_as_torch_names_them(self):
+        self.assertEqual(at.memory_allocated(0), at.memory_allocated("cuda:0"))
+        self.assertEqual(0, at._device_index(types.SimpleNamespace(type="cuda", index=0)))
+        self.assertEqual(3, at._device_index("cuda:3"))
+        with self.assertRaises(ValueError):
+            at.memory_allocated("cpu")
+        with self.assertRaises(ValueError):
+            at._device_index(types.SimpleNamespace(type="cpu", index=None))
+
+    def test_the_patch_replaces_torch_cuda_functions_and_unpatch_restores_them(self):
+        def native(name):
+            def refuse(device=None):
+                raise RuntimeError(f"{name}: a pluggable allocator has no such statistics")
+            return refuse
+
+        names = at._MEMORY_API
+        memory = types.SimpleNamespace(**{name: native(name) for name in names})
+        cuda = types.SimpleNamespace(memory=memory, **{name: getattr(memory, name) for name in names})
+        originals = {name: getattr(cuda, name) for name in names}
+        at.patch_memory_api(cuda)
+        at.patch_memory_api(cuda)  # twice: still restorable to torch's own
+        try:
+            for namespace in (cuda, cuda.memory):
+                for name in names:
+                    self.assertIs(getattr(at, name), getattr(namespace, name), name)
+            pointer = _malloc(2 * MIB)
+            self.assertEqual(at.memory_allocated(0), cuda.memory_allocated(0))
+            self.assertEqual(at.memory_stats(0)["allocated_bytes.all.current"],
+                             cuda.memory.memory_stats(0)["allocated_bytes.all.current"])
+            _free(pointer, 2 * MIB)
+        finally:
+            at.unpatch_memory_api()
+        for namespace in (cuda, cuda.memory):
+            for name in names:
+                self.assertIs(originals[name], getattr(namespace, name), name)
+
+    @unittest.skipUnless(importlib.util.find_spec("torch"), "PyTorch is not installed here")
+    def test_the_patch_on_torch_itself(self):
+        import torch
+
+        original = torch.cuda.memory_allocated
+        at.patch_memory_api()
+        try:
+            self.assertIs(at.memory_allocated, torch.cuda.memory_allocated)
+            self.assertIs(at.memory_stats, torch.cuda.memory.memory_stats)
+            self.assertEqual(at.memory_allocated(0), torch.cuda.memory_allocated(0))
+        finally:
+            at.unpatch_memory_api()
+        self.assertIs(original, torch.cuda.memory_allocated)
+
+
+if __name__ == "__main__":
+    unittest.main()
