@@ -43,6 +43,27 @@ TEST_P(Resource, SynchronousFormsWork) {
   EXPECT_TRUE(mr == memory_resource(alloc_));
 }
 
+// The stream-first members of newer CCCL's resource concept (RMM 26.x builds against them;
+// tests/rmm) forward to the same allocator calls.
+TEST_P(Resource, TheStreamFirstFormsOfNewerCcclAllocateAndFreeInStreamOrder) {
+  arcpool_stream_t s = make_stream();
+  memory_resource mr(alloc_);
+  const ::cuda::stream_ref stream(reinterpret_cast<cudaStream_t>(s));
+  void* p = mr.allocate(stream, 1000, 4096);
+  ASSERT_NE(nullptr, p);
+  EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(p) % 4096) << "alignment honoured";
+  fill_async(s, p, 1000, 0x17);
+  mr.deallocate(stream, p, 1000, 4096);
+  sync(s);
+  void* q = mr.allocate_sync(256, 256);
+  ASSERT_NE(nullptr, q);
+  mr.deallocate_sync(q, 256, 256);
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(2u, st.allocations);
+  EXPECT_EQ(2u, st.deallocations);
+  EXPECT_EQ(0u, st.bytes_in_use_current);
+}
+
 TEST_P(Resource, OutOfMemoryIsABadAlloc) {
   memory_resource mr(alloc_);
   const ::cuda::stream_ref stream(reinterpret_cast<cudaStream_t>(make_stream()));

@@ -1,11 +1,18 @@
-// arcpool as a CCCL memory resource and as a Thrust allocator: anything that takes a
-// cuda::mr::async_resource_ref (RMM's resource refs among them), thrust::cuda::par_nosync(alloc)
-// and CUB temporary storage can allocate from arcpool, stream-ordered.
+// arcpool as a CCCL memory resource and as a Thrust allocator: anything that takes a CCCL
+// resource ref (RMM's device_async_resource_ref among them), thrust::cuda::par_nosync(alloc) and
+// CUB temporary storage can allocate from arcpool, stream-ordered.
 //
-// With the CCCL of CUDA 13.0 (CCCL 3.0) the concept is cuda::mr::async_resource, behind
-// LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE, which this header defines when the includer
-// did not. Newer CCCL renames it to a stream-first cuda::mr::resource; the adapter below is a
-// few forwarding members, so that it can follow. Host-only: no nvcc needed.
+// CCCL changed the concept between the two versions arcpool is built against, and
+// memory_resource satisfies both (a static_assert checks the one of the CCCL it is compiled
+// with):
+// - CCCL 3.0 (CUDA 13.0's toolkit): cuda::mr::async_resource, behind
+//   LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE (defined here when the includer did not):
+//   allocate_async(bytes, alignment, stream), deallocate_async(p, bytes, alignment, stream),
+//   allocate(bytes, alignment), deallocate(p, bytes, alignment).
+// - CCCL 3.5 (the one librmm-cu13 26.10 ships): the stream-first cuda::mr::resource:
+//   allocate(stream, bytes, alignment), deallocate(stream, p, bytes, alignment),
+//   allocate_sync(bytes, alignment), deallocate_sync(p, bytes, alignment).
+// Never include this header with both CCCLs on the include path. Host-only: no nvcc needed.
 #pragma once
 
 #ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
@@ -59,6 +66,24 @@ class memory_resource {
     arcpool_stream_synchronize(allocator_, nullptr);
   }
 
+  /// CCCL 3.5's stream-first form of allocate_async.
+  void* allocate(::cuda::stream_ref stream, size_t bytes, size_t alignment) {
+    return allocate_async(bytes, alignment, stream);
+  }
+
+  /// CCCL 3.5's stream-first form of deallocate_async.
+  void deallocate(::cuda::stream_ref stream, void* p, size_t bytes, size_t alignment) noexcept {
+    deallocate_async(p, bytes, alignment, stream);
+  }
+
+  /// CCCL 3.5's name of the synchronous allocate. Blocks.
+  void* allocate_sync(size_t bytes, size_t alignment) { return allocate(bytes, alignment); }
+
+  /// CCCL 3.5's name of the synchronous deallocate. Blocks.
+  void deallocate_sync(void* p, size_t bytes, size_t alignment) noexcept {
+    deallocate(p, bytes, alignment);
+  }
+
   bool operator==(const memory_resource& other) const noexcept {
     return allocator_ == other.allocator_;
   }
@@ -78,8 +103,15 @@ class memory_resource {
   arcpool_allocator_t* allocator_;
 };
 
+#if CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION == 0
 static_assert(::cuda::mr::async_resource_with<memory_resource, ::cuda::mr::device_accessible>,
-              "arcpool::memory_resource must satisfy CCCL's async_resource concept");
+              "arcpool::memory_resource must satisfy CCCL 3.0's async_resource concept");
+#else
+static_assert(::cuda::mr::resource_with<memory_resource, ::cuda::mr::device_accessible>,
+              "arcpool::memory_resource must satisfy CCCL's stream-first resource concept");
+static_assert(::cuda::mr::synchronous_resource_with<memory_resource, ::cuda::mr::device_accessible>,
+              "arcpool::memory_resource must satisfy CCCL's synchronous_resource concept");
+#endif
 
 /// A Thrust allocator taking temporaries from arcpool on one stream:
 ///   thrust::sort(thrust::cuda::par_nosync(arcpool::thrust_allocator(alloc, s)).on(s), ...)
