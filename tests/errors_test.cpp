@@ -217,6 +217,18 @@ TEST_P(Errors, AStreamArcpoolHasNotSeenIsCheckedForCaptureBeforeItsIdIsAsked) {
   EXPECT_OK(core().drv().stream_end_capture(app));
 }
 
+TEST_P(Errors, SynchronizingACapturingStreamIsUnsupportedAndKeepsTheCapture) {
+  arcpool_stream_t capturing = make_stream();
+  ASSERT_OK(core().drv().stream_begin_capture(capturing));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_stream_synchronize(alloc_, capturing));
+  EXPECT_TRUE(last_error_mentions("capturing")) << arcpool_last_error();
+  bool still = false;
+  ASSERT_OK(core().drv().stream_is_capturing(capturing, &still));
+  EXPECT_TRUE(still);
+  EXPECT_OK(core().drv().stream_end_capture(capturing)) << "the capture was invalidated";
+  EXPECT_OK(arcpool_stream_synchronize(alloc_, capturing));
+}
+
 /// What stays UNSUPPORTED on a capturing stream. The CUDA driver allocates and deallocates
 /// there (graph_capture_test.cpp); the host drivers build no graphs and refuse those too.
 TEST_P(Errors, ACapturingStreamIsUnsupportedAndNothingChanges) {

@@ -285,7 +285,8 @@ ARCPOOL_API arcpool_status_t arcpool_stream_create(arcpool_allocator_t* allocato
 ARCPOOL_API arcpool_status_t arcpool_stream_destroy(arcpool_allocator_t* allocator,
                                                     arcpool_stream_t stream);
 
-/** Blocks until all work queued on `stream` has completed. */
+/** Blocks until all work queued on `stream` has completed. UNSUPPORTED, with the capture left
+ * intact, while `stream` is capturing a graph (CUDA would invalidate the capture). */
 ARCPOOL_API arcpool_status_t arcpool_stream_synchronize(arcpool_allocator_t* allocator,
                                                         arcpool_stream_t stream);
 

@@ -155,7 +155,7 @@ arcpool_status_t arcpool_stream_destroy(arcpool_allocator_t* allocator, arcpool_
 arcpool_status_t arcpool_stream_synchronize(arcpool_allocator_t* allocator,
                                             arcpool_stream_t stream) {
   ARCPOOL_REQUIRE_ARG(allocator);
-  return guarded([&] { return from_handle(allocator)->drv().stream_synchronize(stream); });
+  return guarded([&] { return from_handle(allocator)->synchronize_stream(stream); });
 }
 
 arcpool_status_t arcpool_stream_register(arcpool_allocator_t* allocator, arcpool_stream_t stream) {

@@ -126,6 +126,20 @@ arcpool_status_t allocator::create_stream(stream_handle* out) {
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+arcpool_status_t allocator::synchronize_stream(stream_handle s) {
+  // cudaErrorStreamCaptureUnsupported: "The operation is not permitted when the stream is
+  // capturing", and the capture is invalidated (CUDA Runtime API, error types). Checked first.
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
+  if (capturing) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "stream_synchronize: stream %p is capturing a CUDA graph; synchronizing it "
+                "would invalidate the capture (synchronize after cudaStreamEndCapture)",
+                static_cast<void*>(s));
+  }
+  return driver_->stream_synchronize(s);
+}
+
 arcpool_status_t allocator::destroy_stream(stream_handle s) {
   stream_ref ref;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &ref));

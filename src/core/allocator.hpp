@@ -54,6 +54,9 @@ class allocator {
   arcpool_status_t destroy_stream(stream_handle s);
   arcpool_status_t register_stream(stream_handle s);
   arcpool_status_t unregister_stream(stream_handle s);
+  /// Blocks until `s` drained; UNSUPPORTED, with the capture left intact, while `s` is
+  /// capturing (a synchronization would invalidate the capture).
+  arcpool_status_t synchronize_stream(stream_handle s);
 
   // --- Allocations (design.md §3–§5) -----------------------------------------------------
   /// Allocates; `*out` holds one claim and one reference.
