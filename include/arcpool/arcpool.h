@@ -817,6 +817,39 @@ ARCPOOL_API arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allo
 ARCPOOL_API arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* buffer,
                                                 size_t capacity, size_t* out_length);
 
+/** Streams with a statistics row of their own: the first this many created or registered with
+ * an allocator (rows are never reused); every other stream counts on the other-streams row. */
+#define ARCPOOL_STREAM_STATS_ROWS 64
+
+/** One row of statistics per stream (arcpool_stream_stats_list). An allocation counts on the
+ * row of its origin stream. The figures are exact, and the rows add up to arcpool_stats_t's
+ * bytes_in_use_current, allocations, cache_hits, cross_stream_frees and deferred_frees. */
+typedef struct arcpool_stream_stats_t {
+  arcpool_stream_t stream;       /**< the stream (NULL on the other-streams row) */
+  uint64_t stream_id;            /**< its identity (cudaStreamGetId on CUDA; 0 on the other row) */
+  uint32_t other;                /**< 1 on the row of every stream without a row of its own */
+  uint32_t retired;              /**< 1 once the stream was destroyed or unregistered */
+  uint64_t bytes_in_use_current; /**< bytes of live allocations made on it */
+  uint64_t bytes_in_use_peak;    /**< high-water mark of bytes_in_use_current */
+  uint64_t allocations;          /**< successful allocations on it */
+  uint64_t cache_hits;           /**< of which served from its stream cache */
+  uint64_t cross_stream_frees;   /**< its allocations freed with another stream involved */
+  uint64_t deferred_frees;       /**< its allocations' frees queued on the reclaim worker */
+} arcpool_stream_stats_t;
+
+/**
+ * Copies the per-stream rows: every stream with a row of its own (retired ones included), then
+ * the other-streams row, at most ARCPOOL_STREAM_STATS_ROWS + 1. Writes up to `capacity` rows
+ * of `row_size` bytes each (sizeof(arcpool_stream_stats_t) of the caller's header: a smaller,
+ * older struct gets its prefix) and sets `*out_count` to the number of rows there are, so a
+ * call with capacity 0 sizes the array. INVALID_ARGUMENT for a `row_size` smaller than the
+ * stream fields. Never blocks. `arcpool_stats_json` has the same rows under "streams".
+ */
+ARCPOOL_API arcpool_status_t arcpool_stream_stats_list(const arcpool_allocator_t* allocator,
+                                                       arcpool_stream_stats_t* rows,
+                                                       size_t row_size, size_t capacity,
+                                                       size_t* out_count);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

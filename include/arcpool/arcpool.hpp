@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "arcpool/arcpool.h"
 
@@ -349,6 +350,15 @@ class allocator {
     detail::check(arcpool_stats_json(handle_, json.data(), json.size(), &length));
     json.resize(length);
     return json;
+  }
+  /// Statistics per stream: a row per stream with one of its own, then the other-streams row.
+  std::vector<arcpool_stream_stats_t> stream_stats() const {
+    std::vector<arcpool_stream_stats_t> rows(ARCPOOL_STREAM_STATS_ROWS + 1);
+    size_t count = 0;
+    detail::check(
+        arcpool_stream_stats_list(handle_, rows.data(), sizeof(rows[0]), rows.size(), &count));
+    rows.resize(count < rows.size() ? count : rows.size());
+    return rows;
   }
   /// Resets every peak to its current value.
   void reset_peaks() { detail::check(arcpool_stats_reset_peaks(handle_)); }

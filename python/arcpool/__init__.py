@@ -14,7 +14,7 @@ import json
 from . import _lib
 from ._lib import ArcpoolError, default_allocator
 
-__all__ = ["DRIVER", "VERSION", "ArcpoolError", "driver", "stats", "reset_peak_stats",
+__all__ = ["DRIVER", "VERSION", "ArcpoolError", "driver", "stats", "stream_stats", "reset_peak_stats",
            "empty_cache", "default_allocator"]
 
 VERSION = _lib.lib.arcpool_version()
@@ -46,10 +46,7 @@ _TORCH_KEYS = {
 }
 
 
-def stats(device=0):
-    """Statistics of `device`'s default allocator: torch.cuda.memory_stats()-style keys where the
-    meaning is the same (PyTorch cannot see a pluggable allocator's), plus every arcpool figure
-    as "arcpool.<name>"."""
+def _stats_json(device):
     handle = default_allocator(device)
     length = _lib.ctypes.c_size_t()
     _lib.check(_lib.lib.arcpool_stats_json(handle, None, 0, _lib.ctypes.byref(length)),
@@ -57,10 +54,26 @@ def stats(device=0):
     buffer = _lib.ctypes.create_string_buffer(length.value + 1)
     _lib.check(_lib.lib.arcpool_stats_json(handle, buffer, len(buffer), None),
                "arcpool_stats_json")
-    raw = json.loads(buffer.value.decode())
+    return buffer.value.decode()
+
+
+def stats(device=0):
+    """Statistics of `device`'s default allocator: torch.cuda.memory_stats()-style keys where the
+    meaning is the same (PyTorch cannot see a pluggable allocator's), plus every arcpool figure
+    as "arcpool.<name>"."""
+    raw = json.loads(_stats_json(device))
+    raw.pop("streams")  # stream_stats(): the dict holds numbers only, as torch's
     result = {key: raw[name] for key, name in _TORCH_KEYS.items()}
     result.update({"arcpool." + name: value for name, value in raw.items()})
     return result
+
+
+def stream_stats(device=0):
+    """Statistics per stream of `device`'s default allocator: one dict per stream with a row of
+    its own (its handle as "stream", "stream_id", "retired"), then the row of every other
+    stream ("other": 1), each with bytes_in_use_current, bytes_in_use_peak, allocations,
+    cache_hits, cross_stream_frees and deferred_frees."""
+    return json.loads(_stats_json(device))["streams"]
 
 
 def reset_peak_stats(device=0):

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "api/default_allocators.hpp"
 #include "core/allocation.hpp"
@@ -549,6 +550,23 @@ arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allocator) {
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+arcpool_status_t arcpool_stream_stats_list(const arcpool_allocator_t* allocator,
+                                           arcpool_stream_stats_t* rows, size_t row_size,
+                                           size_t capacity, size_t* out_count) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_count);
+  if (rows == nullptr && capacity != 0) return null_argument(__func__, "rows");
+  constexpr size_t kStreamFields = offsetof(arcpool_stream_stats_t, bytes_in_use_current);
+  if (row_size < kStreamFields) {
+    return fail(
+        ARCPOOL_STATUS_INVALID_ARGUMENT,
+        "arcpool_stream_stats_list: row_size %zu is smaller than the stream fields (%zu bytes)",
+        row_size, kStreamFields);
+  }
+  *out_count = from_handle(allocator)->read_stream_stats(rows, row_size, capacity);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* buffer,
                                     size_t capacity, size_t* out_length) {
   ARCPOOL_REQUIRE_ARG(allocator);
@@ -556,7 +574,10 @@ arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* 
   return guarded([&] {
     arcpool_stats_t s{};
     from_handle(allocator)->read_stats(&s);
-    const std::string json = arcpool::detail::stats_to_json(s);
+    std::vector<arcpool_stream_stats_t> rows(arcpool::detail::stream_stats_table::kRows + 1);
+    rows.resize(
+        from_handle(allocator)->read_stream_stats(rows.data(), sizeof(rows[0]), rows.size()));
+    const std::string json = arcpool::detail::stats_to_json(s, rows);
     if (out_length != nullptr) *out_length = json.size();
     if (capacity > 0) {
       const size_t n = json.size() < capacity - 1 ? json.size() : capacity - 1;

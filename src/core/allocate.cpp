@@ -177,6 +177,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   st.count(stat::allocations);
   st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
   st.add(stat::bytes_in_use, static_cast<int64_t>(size));
+  stream_stats_of(p.origin).allocated(size, block != nullptr);
   if (log_.enabled()) log_.write("allocate", p.data, size, s);
   nvtx::name_region(p.data, size, p.serial);
   *out = a;

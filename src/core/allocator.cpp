@@ -121,7 +121,7 @@ arcpool_status_t allocator::create_stream(stream_handle* out) {
     driver_->stream_destroy(s);
     return status;
   }
-  streams_.add(std::make_unique<stream_entry>(s, id, /*created=*/true));
+  streams_.add(std::make_unique<stream_entry>(s, id, /*created=*/true, stream_stats_.take(s, id)));
   *out = s;
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -152,6 +152,7 @@ arcpool_status_t allocator::destroy_stream(stream_handle s) {
   ARCPOOL_RETURN_IF_ERROR(check_not_capturing(ref, "stream_destroy"));
   flush_cache(ref.entry->cache(), s, /*close=*/true);
   ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
+  stream_stats_.retire(&ref.entry->stats());
   streams_.remove(ref.id);
   return driver_->stream_destroy(s);
 }
@@ -167,7 +168,8 @@ arcpool_status_t allocator::register_stream(stream_handle s) {
                 static_cast<void*>(s));
   }
   if (ref.entry) return ARCPOOL_STATUS_SUCCESS;  // already known
-  streams_.add(std::make_unique<stream_entry>(s, ref.id, /*created=*/false));
+  streams_.add(
+      std::make_unique<stream_entry>(s, ref.id, /*created=*/false, stream_stats_.take(s, ref.id)));
   return ARCPOOL_STATUS_SUCCESS;
 }
 
@@ -182,6 +184,7 @@ arcpool_status_t allocator::unregister_stream(stream_handle s) {
   ARCPOOL_RETURN_IF_ERROR(check_not_capturing(ref, "stream_unregister"));
   flush_cache(ref.entry->cache(), s, /*close=*/true);
   ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
+  stream_stats_.retire(&ref.entry->stats());
   streams_.remove(ref.id);
   return ARCPOOL_STATUS_SUCCESS;
 }

@@ -54,6 +54,14 @@ class allocator {
   arcpool_status_t destroy_stream(stream_handle s);
   arcpool_status_t register_stream(stream_handle s);
   arcpool_status_t unregister_stream(stream_handle s);
+  /// The statistics row of stream `s` (its own, or the other-streams row).
+  stream_stats& stream_stats_of(const stream_ref& s) noexcept {
+    return s.entry != nullptr ? s.entry->stats() : stream_stats_.other();
+  }
+  /// The per-stream rows (arcpool_stream_stats_list).
+  size_t read_stream_stats(void* rows, size_t row_size, size_t capacity) const noexcept {
+    return stream_stats_.read(rows, row_size, capacity);
+  }
   /// Blocks until `s` drained; UNSUPPORTED, with the capture left intact, while `s` is
   /// capturing (a synchronization would invalidate the capture).
   arcpool_status_t synchronize_stream(stream_handle s);
@@ -121,6 +129,7 @@ class allocator {
   /// Restarts every high-water mark at its current value: the gauges' and the pool's.
   void reset_peaks() {
     stats_.reset_peaks();
+    stream_stats_.reset_peaks();
     driver_->pool_reset_peak();
   }
 
@@ -268,6 +277,7 @@ class allocator {
   std::atomic<size_t> hard_limit_;  ///< bytes; 0: none (set_hard_limit changes it)
   const std::unique_ptr<driver> driver_;
   stats stats_;
+  stream_stats_table stream_stats_;  ///< before streams_: the entries point into it
   event_pool events_;
   /// Captures bound to graph pools (slow path only: allocations on capturing streams).
   struct graph_binding {

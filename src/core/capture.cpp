@@ -103,6 +103,7 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
   stats::local st = stats_.here();
   st.count(stat::allocations);
   st.count(stat::graph_allocations);
+  stream_stats_of(origin).allocated_in_graph();
   st.add(stat::graph_bytes_in_use, static_cast<int64_t>(size));
   if (log_.enabled()) log_.write("allocate", p.data, size, origin.handle);
   nvtx::name_region(p.data, size, a->placement.serial);
@@ -197,6 +198,7 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   // capturing ones (the caller, another stream of a capture) once the graph is gone, which
   // needs arcpool to prove them alive then: created or registered streams only.
   reclaim_item item;
+  item.counted_on = &stream_stats_of(a.placement.origin);
   small_vector<uint64_t, 8> seen;
   auto add = [&](const stream_ref& s, const fence_ref* recorded) -> arcpool_status_t {
     for (uint64_t id : seen)

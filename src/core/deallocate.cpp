@@ -157,6 +157,7 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
   } else if (!a.external()) {
     st.sub(stat::bytes_in_use, static_cast<int64_t>(a.placement.size));
     st.sub(stat::allocations_in_use, 1);
+    stream_stats_of(a.placement.origin).freed(a.placement.size);
   }
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -229,6 +230,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     item.fences = std::move(fences);
     item.on_free = a.placement.on_free;
     item.on_free_user_data = a.placement.on_free_user_data;
+    item.counted_on = &stream_stats_of(a.placement.origin);
     a.uses.clear();
     lock.unlock();
     reclaimer_.enqueue(std::move(item));
@@ -266,6 +268,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
         ARCPOOL_RETURN_IF_ERROR(
             commit_and_free(a, caller, force, implicit, h, cache_for(origin), fences));
         stats_.count(stat::cross_stream_frees);
+        stream_stats_of(origin).cross_stream_free();
         stats_.count(stat::origin_routed_frees);
         return ARCPOOL_STATUS_SUCCESS;
       });
@@ -283,6 +286,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     ARCPOOL_RETURN_IF_ERROR(
         commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
     stats_.count(stat::cross_stream_frees);
+    stream_stats_of(origin).cross_stream_free();
     return ARCPOOL_STATUS_SUCCESS;
   }
 
@@ -290,11 +294,13 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
   ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
   stats_.count(stat::cross_stream_frees);
+  stream_stats_of(origin).cross_stream_free();
   reclaim_item item;
   item.pointer = a.placement.base;
   item.bytes = a.placement.held_bytes;
   item.fences = std::move(fences);
   item.origin = origin;
+  item.counted_on = &stream_stats_of(origin);
   item.routed_to_origin = true;
   item.graph = a.graph();
   a.uses.clear();
@@ -361,6 +367,7 @@ void allocator::on_last_reference(allocation* a) noexcept {
       item.bytes = a->external() ? a->placement.size : a->placement.held_bytes;
       item.fences = std::move(a->held_fences);
       item.origin = a->placement.origin;
+      item.counted_on = &stream_stats_of(a->placement.origin);
       item.on_free = a->placement.on_free;
       item.on_free_user_data = a->placement.on_free_user_data;
       lock.unlock();

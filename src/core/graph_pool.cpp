@@ -18,6 +18,7 @@ void graph_pool::release() noexcept {
     item.pointer = b.base;
     item.bytes = b.bytes;
     item.fences = std::move(b.fences);
+    item.counted_on = &owner_.stream_stats_.other();  // the pool's, not one stream's
     owner_.stats_.sub(stat::graph_pool_bytes, static_cast<int64_t>(b.bytes));
     owner_.reclaimer_.enqueue(std::move(item));
   }

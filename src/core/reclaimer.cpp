@@ -55,6 +55,7 @@ void reclaimer::stop_worker(bool drain_first) {
 void reclaimer::enqueue(reclaim_item item) {
   if (item.on_free == nullptr && !item.graph) stats_.add(stat::bytes_pending_free, item.bytes);
   stats_.count(stat::deferred_frees);
+  if (item.counted_on != nullptr) item.counted_on->deferred_free();
   std::lock_guard<std::mutex> lock(mutex_);
   items_.push_back(std::move(item));
   queued_.store(items_.size(), std::memory_order_relaxed);

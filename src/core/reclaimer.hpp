@@ -34,6 +34,8 @@ struct reclaim_item {
   bool routed_to_origin = false;
   /// Graph memory (docs/graphs.md): not counted in the pool's gauges.
   bool graph = false;
+  /// The statistics row whose deferred_frees it counts on (the origin's; design.md §11).
+  stream_stats* counted_on = nullptr;
   /// Created or registered streams that were capturing at the deallocation: each is fenced
   /// when the worker first finds it alive and not capturing (or its final fence is taken).
   small_vector<stream_ref, 2> fence_later;

@@ -13,6 +13,7 @@
 #include "core/block_cache.hpp"
 #include "core/fence.hpp"
 #include "drivers/driver.hpp"
+#include "observe/stream_stats.hpp"
 
 namespace arcpool::detail {
 
@@ -21,13 +22,16 @@ namespace arcpool::detail {
 /// first records a final fence covering everything queued on it so far.
 class stream_entry {
  public:
-  stream_entry(stream_handle handle, uint64_t id, bool created)
-      : handle_(handle), id_(id), created_(created) {}
+  /// `stats`: the stream's statistics row (its own, or the other-streams row).
+  stream_entry(stream_handle handle, uint64_t id, bool created, stream_stats* stats)
+      : handle_(handle), id_(id), created_(created), stats_(stats) {}
 
   stream_handle handle() const noexcept { return handle_; }
   uint64_t id() const noexcept { return id_; }
   /// True for streams made by arcpool_stream_create.
   bool created() const noexcept { return created_; }
+  /// The statistics row its allocations count on (design.md §11).
+  stream_stats& stats() const noexcept { return *stats_; }
 
   /// Runs `fn(handle)` while the stream is provably alive (retirement waits for it) and returns
   /// its status; returns nullopt without running it once retired (no status of `fn` can be
@@ -59,6 +63,7 @@ class stream_entry {
   const stream_handle handle_;
   const uint64_t id_;
   const bool created_;
+  stream_stats* const stats_;
   std::shared_mutex mutex_;
   std::atomic<bool> alive_{true};
   fence_ref final_;

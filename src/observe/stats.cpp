@@ -62,10 +62,11 @@ void stats::reset_peaks() noexcept {
   }
 }
 
-std::string stats_to_json(const arcpool_stats_t& s) {
+std::string stats_to_json(const arcpool_stats_t& s,
+                          const std::vector<arcpool_stream_stats_t>& streams) {
   std::string json = "{";
   auto field = [&json](const char* name, uint64_t value) {
-    if (json.size() > 1) json += ", ";
+    if (json.back() != '{') json += ", ";
     json += '"';
     json += name;
     json += "\": ";
@@ -84,7 +85,23 @@ std::string stats_to_json(const arcpool_stats_t& s) {
   ARCPOOL_STATS_GRAPH_COUNTERS(ARCPOOL_STATS_JSON_COUNTER_)
 #undef ARCPOOL_STATS_JSON_COUNTER_
 #undef ARCPOOL_STATS_JSON_GAUGE_
-  json += "}";
+  json += ", \"streams\": [";
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const arcpool_stream_stats_t& r = streams[i];
+    json += i ? ", {" : "{";
+    field("stream", reinterpret_cast<uintptr_t>(r.stream));
+    field("stream_id", r.stream_id);
+    field("other", r.other);
+    field("retired", r.retired);
+    field("bytes_in_use_current", r.bytes_in_use_current);
+    field("bytes_in_use_peak", r.bytes_in_use_peak);
+    field("allocations", r.allocations);
+    field("cache_hits", r.cache_hits);
+    field("cross_stream_frees", r.cross_stream_frees);
+    field("deferred_frees", r.deferred_frees);
+    json += "}";
+  }
+  json += "]}";
   return json;
 }
 

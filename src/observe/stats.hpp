@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "arcpool/arcpool.h"
 #include "drivers/driver.hpp"
@@ -79,20 +80,23 @@ class stats {
       std::atomic<int64_t>& pending = shard_.value[stat::kCounters + g];
       shard_add(pending, n, exclusive_);
       const int64_t v = pending.load(std::memory_order_relaxed);
-      if (v > threshold || v < -threshold) {
-        flush(total, pending);
-        // The count is flushed with the bytes, so that its peak is taken with theirs: a byte
-        // peak of 20 MiB never sits next to a count peak of 0 (allocate adds the count first).
-        if (g == stat::bytes_in_use) {
-          flush(owner_.totals_[stat::allocations_in_use],
-                shard_.value[stat::kCounters + stat::allocations_in_use]);
-        }
-      }
+      if (v > threshold || v < -threshold) flush_batch(g, total, pending);
     }
     void sub(stat::gauge g, int64_t n) noexcept { add(g, -n); }
 
    private:
     friend class stats;
+    /// The batch of gauge `g` is full: into its total. Out of line, off the fast path.
+    [[gnu::noinline]] void flush_batch(stat::gauge g, gauge_total& total,
+                                       std::atomic<int64_t>& pending) noexcept {
+      flush(total, pending);
+      // The count is flushed with the bytes, so that its peak is taken with theirs: a byte
+      // peak of 20 MiB never sits next to a count peak of 0 (allocate adds the count first).
+      if (g == stat::bytes_in_use) {
+        flush(owner_.totals_[stat::allocations_in_use],
+              shard_.value[stat::kCounters + stat::allocations_in_use]);
+      }
+    }
     local(stats& owner, shard_slot slot) noexcept
         : owner_(owner), shard_(owner.shards_[slot.index]), exclusive_(slot.exclusive) {}
     stats& owner_;
@@ -143,7 +147,8 @@ class stats {
   gauge_total totals_[stat::kGauges];
 };
 
-/// The C struct as one JSON object.
-std::string stats_to_json(const arcpool_stats_t& s);
+/// The C struct as one JSON object, with the per-stream rows as its "streams" array.
+std::string stats_to_json(const arcpool_stats_t& s,
+                          const std::vector<arcpool_stream_stats_t>& streams);
 
 }  // namespace arcpool::detail

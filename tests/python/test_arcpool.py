@@ -44,6 +44,19 @@ class ArcpoolPackage(unittest.TestCase):
         self.assertEqual("ARCPOOL_STATUS_UNKNOWN_POINTER", caught.exception.status)
         self.assertIn("0x1234", str(caught.exception))
 
+    def test_stream_stats_count_an_allocation_on_its_stream_row(self):
+        lib = arcpool._lib.lib
+        rows = arcpool.stream_stats()
+        self.assertEqual(1, rows[-1]["other"], "the other-streams row comes last")
+        before = rows[-1]["allocations"]
+        pointer = lib.arcpool_malloc_async(1 << 16, 0, None)  # the legacy stream: "other"
+        self.assertTrue(pointer, lib.arcpool_last_error())
+        after = arcpool.stream_stats()[-1]
+        self.assertEqual(before + 1, after["allocations"])
+        self.assertGreaterEqual(after["bytes_in_use_current"], 1 << 16)
+        self.assertEqual(0, lib.arcpool_free_async(pointer, 1 << 16, 0, None))
+        self.assertNotIn("arcpool.streams", arcpool.stats(), "stats() holds numbers only")
+
     def test_torch_style_keys_mirror_arcpool_figures(self):
         s = arcpool.stats()
         for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",

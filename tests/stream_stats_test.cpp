@@ -1,0 +1,173 @@
+// Statistics per stream (design.md §11, issue 12): an allocation counts on its origin stream's
+// row, streams without a row of their own share the other-streams row, and the rows add up to
+// the allocator's totals. On every driver.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "support/driver_test.hpp"
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kSmall = 4096;  // cached on the fast path
+constexpr size_t kBig = size_t{1} << 20;
+
+class StreamStats : public DriverTest {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.stream_cache_bytes = size_t{4} << 20;
+    options.stream_cache_max_block = size_t{1} << 20;
+  }
+
+  std::vector<arcpool_stream_stats_t> rows() const {
+    std::vector<arcpool_stream_stats_t> out(ARCPOOL_STREAM_STATS_ROWS + 1);
+    size_t count = 0;
+    EXPECT_OK(arcpool_stream_stats_list(alloc_, out.data(), sizeof(out[0]), out.size(), &count));
+    out.resize(count);
+    return out;
+  }
+  /// The row of `s` (the other-streams row for a null `s` with `other`).
+  arcpool_stream_stats_t row_of(arcpool_stream_t s, bool other = false) const {
+    for (const arcpool_stream_stats_t& r : rows()) {
+      if (other ? r.other == 1 : (r.other == 0 && r.stream == s)) return r;
+    }
+    ADD_FAILURE() << "no row for stream " << static_cast<void*>(s);
+    return {};
+  }
+  void free_on(arcpool_allocation_t* a, arcpool_stream_t s, uint32_t flags = 0) {
+    EXPECT_OK(arcpool_deallocate_async(a, s, flags));
+    arcpool_allocation_release(a);
+  }
+};
+
+TEST_P(StreamStats, AnAllocationCountsOnItsOriginStreamUntilItIsFreed) {
+  arcpool_stream_t origin = make_stream();
+  arcpool_stream_t user = make_stream();
+  arcpool_allocation_t* a = allocate(kBig, origin);
+  ASSERT_OK(arcpool_transfer(a, user));
+  arcpool_stream_stats_t o = row_of(origin);
+  EXPECT_EQ(kBig, o.bytes_in_use_current);
+  EXPECT_EQ(1u, o.allocations);
+  EXPECT_EQ(0u, row_of(user).bytes_in_use_current) << "a transfer moves no bytes";
+  free_on(a, user, ARCPOOL_DEALLOCATE_FLAG_DEFERRED);
+  sync(origin);
+  sync(user);
+  finish_reclaims();
+  o = row_of(origin);
+  EXPECT_EQ(0u, o.bytes_in_use_current);
+  EXPECT_EQ(kBig, o.bytes_in_use_peak);
+  EXPECT_EQ(1u, o.cross_stream_frees);
+  EXPECT_EQ(1u, o.deferred_frees);
+  const arcpool_stream_stats_t u = row_of(user);
+  EXPECT_EQ(0u, u.allocations + u.cross_stream_frees + u.deferred_frees + u.bytes_in_use_peak);
+  EXPECT_OK(arcpool_stats_reset_peaks(alloc_));
+  EXPECT_EQ(0u, row_of(origin).bytes_in_use_peak);
+}
+
+TEST_P(StreamStats, ACacheHitCountsOnItsStream) {
+  arcpool_stream_t s = make_stream();
+  for (int i = 0; i < 3; ++i)
+    free_on(allocate(kSmall, s), s);
+  const arcpool_stream_stats_t r = row_of(s);
+  EXPECT_EQ(3u, r.allocations);
+  EXPECT_EQ(2u, r.cache_hits);
+  EXPECT_EQ(0u, r.cross_stream_frees);
+}
+
+TEST_P(StreamStats, TheRowsAddUpToTheAllocatorsTotals) {
+  arcpool_stream_t a = make_stream();
+  arcpool_stream_t b = make_stream();
+  arcpool_stream_t registered = make_app_stream();
+  ASSERT_OK(arcpool_stream_register(alloc_, registered));
+  arcpool_stream_t unknown = make_app_stream();  // counts on the other-streams row
+  std::vector<arcpool_allocation_t*> live;
+  const arcpool_stream_t streams[] = {a, b, registered, unknown, nullptr};
+  const uint32_t routes[] = {0, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE,
+                             ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN,
+                             ARCPOOL_DEALLOCATE_FLAG_DEFERRED};
+  for (int i = 0; i < 40; ++i) {
+    arcpool_stream_t origin = streams[i % 5];
+    arcpool_allocation_t* h = allocate(i % 3 == 0 ? kBig : kSmall, origin);
+    if (i % 4 == 0) {
+      live.push_back(h);  // still in use when the rows are read
+      continue;
+    }
+    arcpool_stream_t caller = streams[(i / 5 + i) % 5];
+    if (caller != origin) {
+      ASSERT_OK(arcpool_transfer(h, caller));
+    }
+    free_on(h, caller, routes[i % 4]);
+  }
+  for (arcpool_stream_t s : streams)
+    sync(s);
+  finish_reclaims();
+  const arcpool_stats_t total = stats();
+  arcpool_stream_stats_t sum{};
+  for (const arcpool_stream_stats_t& r : rows()) {
+    sum.bytes_in_use_current += r.bytes_in_use_current;
+    sum.allocations += r.allocations;
+    sum.cache_hits += r.cache_hits;
+    sum.cross_stream_frees += r.cross_stream_frees;
+    sum.deferred_frees += r.deferred_frees;
+  }
+  EXPECT_EQ(total.bytes_in_use_current, sum.bytes_in_use_current);
+  EXPECT_EQ(total.allocations, sum.allocations);
+  EXPECT_EQ(total.cache_hits, sum.cache_hits);
+  EXPECT_EQ(total.cross_stream_frees, sum.cross_stream_frees);
+  EXPECT_EQ(total.deferred_frees, sum.deferred_frees);
+  EXPECT_NE(0u, sum.cross_stream_frees);
+  EXPECT_NE(0u, row_of(nullptr, /*other=*/true).allocations) << "unknown and legacy streams";
+  for (arcpool_allocation_t* h : live)
+    free_on(h, nullptr, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE);
+  sync(nullptr);
+  EXPECT_OK(arcpool_stream_unregister(alloc_, registered));
+  EXPECT_EQ(1u, row_of(registered).retired) << "a retired stream keeps its row";
+}
+
+TEST_P(StreamStats, StreamsBeyondTheTableShareTheOtherRow) {
+  std::vector<arcpool_stream_t> made;
+  for (size_t i = 0; i < ARCPOOL_STREAM_STATS_ROWS + 2; ++i)
+    made.push_back(make_stream());
+  EXPECT_EQ(size_t{ARCPOOL_STREAM_STATS_ROWS} + 1, rows().size()) << "bounded";
+  free_on(allocate(kSmall, made.back()), made.back());
+  EXPECT_EQ(1u, row_of(nullptr, /*other=*/true).allocations);
+}
+
+TEST_P(StreamStats, TheListSizesItselfAndRefusesRowsTooSmall) {
+  size_t count = 0;
+  ASSERT_OK(arcpool_stream_stats_list(alloc_, nullptr, sizeof(arcpool_stream_stats_t), 0, &count));
+  EXPECT_EQ(1u, count) << "only the other-streams row";
+  arcpool_stream_t s = make_stream();
+  ASSERT_OK(arcpool_stream_stats_list(alloc_, nullptr, sizeof(arcpool_stream_stats_t), 0, &count));
+  EXPECT_EQ(2u, count);
+  // An older, smaller row: its prefix, and nothing written past it.
+  const size_t old_size = offsetof(arcpool_stream_stats_t, bytes_in_use_peak);
+  std::vector<unsigned char> raw(2 * old_size + 8, 0xAB);
+  ASSERT_OK(arcpool_stream_stats_list(alloc_, reinterpret_cast<arcpool_stream_stats_t*>(raw.data()),
+                                      old_size, 2, &count));
+  arcpool_stream_t first = nullptr;
+  std::memcpy(&first, raw.data(), sizeof(first));
+  EXPECT_EQ(s, first);
+  EXPECT_EQ(0xAB, raw[2 * old_size]);
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_stream_stats_list(
+                    alloc_, reinterpret_cast<arcpool_stream_stats_t*>(raw.data()), 8, 2, &count));
+  EXPECT_STATUS(
+      ARCPOOL_STATUS_INVALID_ARGUMENT,
+      arcpool_stream_stats_list(alloc_, nullptr, sizeof(arcpool_stream_stats_t), 2, &count));
+  // JSON has the same rows.
+  size_t length = 0;
+  ASSERT_OK(arcpool_stats_json(alloc_, nullptr, 0, &length));
+  std::string json(length + 1, '\0');
+  ASSERT_OK(arcpool_stats_json(alloc_, json.data(), json.size(), nullptr));
+  EXPECT_NE(std::string::npos, json.find("\"streams\": [{\"stream\": "));
+  EXPECT_NE(std::string::npos, json.find("\"other\": 1"));
+}
+
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(StreamStats);
+
+}  // namespace
+}  // namespace arcpool::test
