@@ -10,6 +10,7 @@
 #include "arcpool/arcpool.hpp"
 #include "drivers/host_stream.hpp"
 #include "support/driver_test.hpp"
+#include "support/pickle_reader.hpp"
 
 namespace arcpool::test {
 namespace {
@@ -194,6 +195,27 @@ TEST_P(CppApi, StatsReadAsJson) {
   EXPECT_NE(json.find("\"allocations\": 1"), std::string::npos) << json;
   EXPECT_EQ('{', json.front());
   EXPECT_EQ('}', json.back());
+}
+
+TEST_P(CppApi, MemorySnapshotNeedsTheHistoryAndAnExportedBlockLeavesIt) {
+  EXPECT_THROW(cpp_->memory_snapshot(), error) << "created without history";
+  allocator_options options;
+  options.driver = GetParam();
+  options.history_entries = 16;
+  allocator recording(options);
+  stream s = recording.create_stream();
+  buffer kept = recording.allocate_async(4096, s);
+  buffer b = recording.allocate_async(8192, s);
+  void* p = std::move(b).export_pointer();
+  const pickled snap = parse_pickle(recording.memory_snapshot());
+  ASSERT_EQ(1u, snap["segments"].items.size()) << "the exported block is not arcpool's";
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(kept.data()), snap["segments"].items[0]["address"].number);
+  const pickled& last = snap["device_traces"].items.back().items.back();
+  EXPECT_EQ("segment_free", last["action"].text);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p), last["addr"].number);
+  detail::from_handle(recording.get())->drv().pool_free(p, 8192, s);
+  kept.deallocate_async(s);
+  s.synchronize();
 }
 
 ARCPOOL_INSTANTIATE_FOR_DRIVERS(CppApi);

@@ -228,6 +228,12 @@ typedef struct arcpool_allocator_options_t {
   /** Debug: poison hook (see arcpool_before_free_t). Default NULL. */
   arcpool_before_free_t before_free;
   void* before_free_user_data; /**< Passed to before_free. */
+  /** The memory history: the last this many actions on arcpool's blocks (allocations, frees
+   * requested and completed, blocks taken from and given back to the pool) and the state of
+   * every block held, read as PyTorch's memory snapshot (arcpool_memory_snapshot). Each
+   * recorded operation then takes a mutex. Default 0: off, unless ARCPOOL_HISTORY=N is set
+   * in the environment when the allocator is created. */
+  size_t history_entries;
 } arcpool_allocator_options_t;
 
 /** Fills `options` with the defaults documented on each field. Thread-safe; never blocks. */
@@ -849,6 +855,27 @@ ARCPOOL_API arcpool_status_t arcpool_stream_stats_list(const arcpool_allocator_t
                                                        arcpool_stream_stats_t* rows,
                                                        size_t row_size, size_t capacity,
                                                        size_t* out_count);
+
+/**
+ * Writes the allocator's memory snapshot: the dictionary PyTorch's
+ * torch.cuda.memory._snapshot() returns, pickled (protocol 2), which PyTorch's
+ * torch/cuda/_memory_viz.py and the https://pytorch.org/memory_viz page read (design.md §11).
+ * "segments" has one segment per block arcpool holds, holding one block of the same size:
+ * "active_allocated" while an allocation lives in it, "active_pending_free" from its
+ * deallocation until its free completed, "inactive" while a stream's cache keeps it.
+ * "device_traces" lists the history's entries, oldest first, in the list of the allocator's
+ * device: alloc, free_requested, free_completed, segment_alloc and segment_free, each with its
+ * addr, size, stream, time_us (microseconds since the epoch) and an empty frames list.
+ *
+ * `*out_size` (required) receives the snapshot's size. The snapshot is copied to `buffer` when
+ * `capacity` holds it; a call with capacity 0 only sizes it, and a smaller nonzero capacity
+ * fails with INVALID_ARGUMENT, writing nothing (the size may grow between two calls: size the
+ * buffer with room). UNSUPPORTED when the allocator was created without history
+ * (history_entries or ARCPOOL_HISTORY). Takes the history's mutex; never blocks on the device.
+ */
+ARCPOOL_API arcpool_status_t arcpool_memory_snapshot(const arcpool_allocator_t* allocator,
+                                                     void* buffer, size_t capacity,
+                                                     size_t* out_size);
 
 #ifdef __cplusplus
 } /* extern "C" */

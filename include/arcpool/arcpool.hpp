@@ -360,6 +360,22 @@ class allocator {
     rows.resize(count < rows.size() ? count : rows.size());
     return rows;
   }
+  /// The memory snapshot in PyTorch's pickle format (arcpool_memory_snapshot); throws when the
+  /// allocator records no history.
+  std::string memory_snapshot() const {
+    size_t size = 0;
+    detail::check(arcpool_memory_snapshot(handle_, nullptr, 0, &size));
+    for (;;) {
+      std::string bytes(size + size / 4 + 4096, '\0');
+      const arcpool_status_t status =
+          arcpool_memory_snapshot(handle_, bytes.data(), bytes.size(), &size);
+      if (status == ARCPOOL_STATUS_SUCCESS) {
+        bytes.resize(size);
+        return bytes;
+      }
+      if (size <= bytes.size()) detail::check(status);  // another failure than a grown snapshot
+    }
+  }
   /// Resets every peak to its current value.
   void reset_peaks() { detail::check(arcpool_stats_reset_peaks(handle_)); }
   /// Completes pending reclaims and trims the pool. Blocks.

@@ -3,6 +3,7 @@
     import arcpool
     arcpool.DRIVER            # the driver arcpool would use here: "cuda" or "host"
     arcpool.stats()           # statistics of device 0's default allocator
+    arcpool.dump_snapshot()   # its memory snapshot for PyTorch's memory_viz (ARCPOOL_HISTORY=N)
     arcpool.torch.install()   # PyTorch's allocator (before the first CUDA tensor)
     arcpool.cupy.install()    # CuPy's allocator
 
@@ -10,12 +11,13 @@ Bindings are ctypes over libarcpool (no compiled extension); ARCPOOL_LIBRARY_DIR
 folder holding libarcpool.so.0 if it is not found next to the package or in a build tree.
 """
 import json
+import pickle
 
 from . import _lib
 from ._lib import ArcpoolError, default_allocator
 
 __all__ = ["DRIVER", "VERSION", "ArcpoolError", "driver", "stats", "stream_stats", "reset_peak_stats",
-           "empty_cache", "default_allocator"]
+           "empty_cache", "memory_snapshot", "dump_snapshot", "default_allocator"]
 
 VERSION = _lib.lib.arcpool_version()
 
@@ -86,6 +88,38 @@ def empty_cache(device=0):
     """Gives back what `device`'s default allocator holds but does not use. Blocks."""
     _lib.check(_lib.lib.arcpool_allocator_trim(default_allocator(device), 0),
                "arcpool_allocator_trim")
+
+
+def _snapshot_bytes(device):
+    handle = default_allocator(device)
+    size = _lib.ctypes.c_size_t()
+    _lib.check(_lib.lib.arcpool_memory_snapshot(handle, None, 0, _lib.ctypes.byref(size)),
+               "arcpool_memory_snapshot")
+    while True:
+        buffer = _lib.ctypes.create_string_buffer(size.value + size.value // 4 + 4096)
+        status = _lib.lib.arcpool_memory_snapshot(handle, buffer, len(buffer),
+                                                  _lib.ctypes.byref(size))
+        if status == 0:
+            return buffer.raw[:size.value]
+        if size.value <= len(buffer):  # another failure than a snapshot that grew meanwhile
+            _lib.check(status, "arcpool_memory_snapshot")
+
+
+def memory_snapshot(device=0):
+    """The memory snapshot of `device`'s default allocator: the dictionary
+    torch.cuda.memory._snapshot() returns ("segments": one per block arcpool holds, "inactive"
+    while cached; "device_traces": the history, oldest first). Needs the history, which is off
+    unless ARCPOOL_HISTORY=N (the entries kept) was set before the allocator was created, that
+    is before arcpool's first use of the device in this process; ArcpoolError otherwise."""
+    return pickle.loads(_snapshot_bytes(device))
+
+
+def dump_snapshot(filename="dump_snapshot.pickle", device=0):
+    """Writes memory_snapshot(device), pickled as torch.cuda.memory._dump_snapshot() writes it,
+    for PyTorch's torch/cuda/_memory_viz.py and https://pytorch.org/memory_viz."""
+    data = _snapshot_bytes(device)
+    with open(filename, "wb") as f:
+        f.write(data)
 
 
 def __getattr__(name):  # arcpool.torch / arcpool.cupy load lazily: importing them needs torch/cupy

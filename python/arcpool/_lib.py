@@ -62,6 +62,9 @@ lib.arcpool_free_async.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_in
 lib.arcpool_free_async.restype = ctypes.c_int
 lib.arcpool_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 lib.arcpool_record_stream.restype = ctypes.c_int
+lib.arcpool_memory_snapshot.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.POINTER(ctypes.c_size_t)]
+lib.arcpool_memory_snapshot.restype = ctypes.c_int
 
 
 class ArcpoolError(RuntimeError):

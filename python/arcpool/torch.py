@@ -155,23 +155,44 @@ def reset_peak_memory_stats(device=None):
     reset_peak_stats(_device_index(device))
 
 
+def _snapshot(device=None, augment_with_fx_traces=False):
+    """torch.cuda.memory._snapshot(device), from arcpool's memory history (arcpool.memory_snapshot:
+    PyTorch's dictionary; ARCPOOL_HISTORY=N turns the history on). arcpool records no stack
+    frames, so FX augmentation has nothing to add."""
+    from . import memory_snapshot
+
+    del augment_with_fx_traces
+    return memory_snapshot(_device_index(device))
+
+
+def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False):
+    """torch.cuda.memory._dump_snapshot(filename), from arcpool: the pickle that
+    https://pytorch.org/memory_viz and torch/cuda/_memory_viz.py read."""
+    from . import dump_snapshot
+
+    del augment_with_fx_traces
+    dump_snapshot(filename, _device_index(None))
+
+
 _MEMORY_API = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
                "max_memory_reserved", "reset_peak_memory_stats")
+_SNAPSHOT_API = ("_snapshot", "_dump_snapshot")  # torch.cuda.memory's only
 _patched = {}
 
 
 def patch_memory_api(cuda=None):
     """Makes torch.cuda's memory_stats, memory_allocated, max_memory_allocated,
     memory_reserved, max_memory_reserved and reset_peak_memory_stats answer from arcpool, in
-    torch.cuda and in torch.cuda.memory (whose own functions call one another there). `cuda` is
-    torch.cuda unless given. Idempotent; unpatch_memory_api() restores torch's."""
+    torch.cuda and in torch.cuda.memory (whose own functions call one another there), and
+    torch.cuda.memory's _snapshot and _dump_snapshot too. `cuda` is torch.cuda unless given.
+    Idempotent; unpatch_memory_api() restores torch's."""
     if cuda is None:
         import torch
 
         cuda = torch.cuda
     ours = globals()
-    for namespace in (cuda, cuda.memory):
-        for name in _MEMORY_API:
+    for namespace, names in ((cuda, _MEMORY_API), (cuda.memory, _MEMORY_API + _SNAPSHOT_API)):
+        for name in names:
             current = getattr(namespace, name)
             if current is ours[name]:
                 continue

@@ -588,4 +588,29 @@ arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* 
   });
 }
 
+arcpool_status_t arcpool_memory_snapshot(const arcpool_allocator_t* allocator, void* buffer,
+                                         size_t capacity, size_t* out_size) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  ARCPOOL_REQUIRE_ARG(out_size);
+  if (buffer == nullptr && capacity != 0) return null_argument(__func__, "buffer");
+  return guarded([&] {
+    const auto& a = *from_handle(allocator);
+    if (!a.memory_history().enabled()) {
+      return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                  "memory snapshot: the allocator records no history (create it "
+                  "with history_entries, or with ARCPOOL_HISTORY=N set)");
+    }
+    const std::string snapshot = a.memory_history().snapshot_pickle(a.drv().device());
+    *out_size = snapshot.size();
+    if (capacity == 0) return ARCPOOL_STATUS_SUCCESS;
+    if (capacity < snapshot.size()) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  "memory snapshot: a buffer of %zu bytes for a snapshot of %zu", capacity,
+                  snapshot.size());
+    }
+    std::memcpy(buffer, snapshot.data(), snapshot.size());
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
 }  // extern "C"

@@ -112,6 +112,7 @@ arcpool_status_t allocator::take_from_pool(allocation::params& p, stream_handle 
     if (log_.enabled()) log_.write("allocate failure", nullptr, p.size, s);
     return status;
   }
+  if (history_.enabled()) history_.segment_alloc(p.base, p.held_bytes, s);
   p.data = align_up(p.base, p.alignment);
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -179,6 +180,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   st.add(stat::bytes_in_use, static_cast<int64_t>(size));
   stream_stats_of(p.origin).allocated(size, block != nullptr);
   if (log_.enabled()) log_.write("allocate", p.data, size, s);
+  if (history_.enabled()) history_.alloc(p.base, size, s);
   nvtx::name_region(p.data, size, p.serial);
   *out = a;
   return ARCPOOL_STATUS_SUCCESS;
@@ -188,6 +190,7 @@ void allocator::give_back(const allocation::params& p, stream_handle s, bool fro
   if (p.base == nullptr) return;
   // A cached block is counted as cached until the allocation succeeds; it goes to the pool.
   if (from_cache) stats_.sub(stat::bytes_cached, static_cast<int64_t>(p.held_bytes));
+  history_.segment_free(p.base, s);
   driver_->pool_free(p.base, p.held_bytes, s);
   stats_.sub(stat::bytes_held, static_cast<int64_t>(p.held_bytes));
 }

@@ -2,6 +2,8 @@
 // operations live beside it: allocate.cpp, deallocate.cpp, transfer.cpp.
 #include "core/allocator.hpp"
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 
 #include "core/janitor.hpp"
@@ -13,10 +15,34 @@ namespace arcpool::detail {
 // ---------------------------------------------------------------------------------------------
 // Lifetime
 
+namespace {
+
+/// The history size ARCPOOL_HISTORY asks for (0 when unset).
+arcpool_status_t history_entries_from_environment(size_t* out) {
+  *out = 0;
+  const char* text = std::getenv("ARCPOOL_HISTORY");
+  if (text == nullptr || *text == '\0') return ARCPOOL_STATUS_SUCCESS;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0' || text[0] == '-' || n > SIZE_MAX) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "ARCPOOL_HISTORY=%s is not a number of history entries", text);
+  }
+  *out = static_cast<size_t>(n);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+}  // namespace
+
 arcpool_status_t allocator::create(const allocator_config& config, allocator** out) {
+  allocator_config resolved = config;
+  if (resolved.history_entries == 0) {
+    ARCPOOL_RETURN_IF_ERROR(history_entries_from_environment(&resolved.history_entries));
+  }
   std::unique_ptr<driver> drv;
-  ARCPOOL_RETURN_IF_ERROR(make_driver(config.driver, &drv));
-  auto* a = new allocator(config, std::move(drv));
+  ARCPOOL_RETURN_IF_ERROR(make_driver(resolved.driver, &drv));
+  auto* a = new allocator(resolved, std::move(drv));
   if (const char* path = std::getenv("ARCPOOL_LOG"); path != nullptr && *path != '\0') {
     static std::atomic<unsigned> opened{0};  // allocators that opened an ARCPOOL_LOG file
     const std::string file = numbered_log_path(path, opened.fetch_add(1));
@@ -33,7 +59,9 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
     : config_(config),
       driver_(std::move(drv)),
       events_(*driver_, config.event_pool_capacity),
-      reclaimer_(*driver_, events_, stats_, config.before_free, config.before_free_user_data) {
+      history_(config.history_entries),
+      reclaimer_(*driver_, events_, stats_, history_, config.before_free,
+                 config.before_free_user_data) {
   // A hard limit is enforced on the exact total of held bytes.
   hard_limit_.store(config_.hard_limit_bytes, std::memory_order_relaxed);
   if (config_.hard_limit_bytes != 0) stats_.set_flush_threshold(stat::bytes_held, 0);
@@ -203,6 +231,7 @@ size_t allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
   const size_t bytes = cache.drain(
       [&](void* p, size_t n) {
         ++blocks;
+        history_.segment_free(p, s);
         if (driver_->pool_free(p, n, s) == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::frees);
       },
       close);

@@ -14,6 +14,7 @@
 #include "core/stream.hpp"
 #include "drivers/driver.hpp"
 #include "observe/allocation_log.hpp"
+#include "observe/history.hpp"
 #include "observe/stats.hpp"
 #include "support/refcount.hpp"
 #include "support/shards.hpp"
@@ -118,6 +119,9 @@ class allocator {
   arcpool_status_t trim(size_t keep_bytes);
 
   void read_stats(arcpool_stats_t* out) const;
+
+  /// The memory history (arcpool_memory_snapshot).
+  const history& memory_history() const noexcept { return history_; }
 
   /// The CSV allocation log (RMM's columns).
   allocation_log& log() noexcept { return log_; }
@@ -288,6 +292,7 @@ class allocator {
   std::mutex graph_bindings_mutex_;
   std::vector<graph_binding> graph_bindings_;
   stream_registry streams_;
+  history history_;  ///< before reclaimer_, which records into it
   reclaimer reclaimer_;
   block_cache legacy_cache_;  ///< the legacy default stream's fast path
   allocation_log log_;

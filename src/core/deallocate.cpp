@@ -158,6 +158,7 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
     st.sub(stat::bytes_in_use, static_cast<int64_t>(a.placement.size));
     st.sub(stat::allocations_in_use, 1);
     stream_stats_of(a.placement.origin).freed(a.placement.size);
+    if (history_.enabled()) history_.free_requested(a.placement.base, stream);
   }
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -178,13 +179,18 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   // Every wait the block needs is enqueued on `target`: its cache may keep it (§4), unless it
   // is graph memory (never lent as pool memory).
   if (a.graph()) target_cache = nullptr;
-  if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment) &&
-      target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
-    st.count(stat::cache_frees);
-    st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
-    driver_->note_release(a.placement.base, a.placement.held_bytes, target);
-    return ARCPOOL_STATUS_SUCCESS;
+  // The history learns of a block's return before another thread can be handed it.
+  const bool recording = history_.enabled();
+  if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment)) {
+    if (recording) history_.free_completed(a.placement.base, target);
+    if (target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
+      st.count(stat::cache_frees);
+      st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
+      driver_->note_release(a.placement.base, a.placement.held_bytes, target);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
   }
+  if (recording) history_.segment_free(a.placement.base, target);
   // Only a broken context fails here, after the commit: the block is then lost with it.
   const arcpool_status_t status =
       driver_->pool_free(a.placement.base, a.placement.held_bytes, target);

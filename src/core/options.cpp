@@ -87,6 +87,7 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
   c.on_out_of_memory_user_data = o.on_out_of_memory_user_data;
   c.before_free = o.before_free;
   c.before_free_user_data = o.before_free_user_data;
+  c.history_entries = o.history_entries;
   *out = std::move(c);
   return ARCPOOL_STATUS_SUCCESS;
 }

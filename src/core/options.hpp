@@ -24,6 +24,7 @@ struct allocator_config {
   void* on_out_of_memory_user_data = nullptr;
   arcpool_before_free_t before_free = nullptr;
   void* before_free_user_data = nullptr;
+  size_t history_entries = 0;  ///< 0: no memory history
 };
 
 /// Validates `options` (NULL: all defaults) into `out`. INVALID_ARGUMENT names the bad field.

@@ -13,11 +13,12 @@ namespace {
 thread_local bool t_completing = false;
 }  // namespace
 
-reclaimer::reclaimer(driver& drv, event_pool& events, stats& counters,
+reclaimer::reclaimer(driver& drv, event_pool& events, stats& counters, history& recorded,
                      arcpool_before_free_t before_free, void* before_free_user_data)
     : driver_(drv),
       events_(events),
       stats_(counters),
+      history_(recorded),
       before_free_(before_free),
       before_free_user_data_(before_free_user_data) {}
 
@@ -133,6 +134,8 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
     return;
   }
   if (!item.graph) stats_.sub(stat::bytes_pending_free, item.bytes);
+  // The block leaves arcpool here, freed or lost: recorded before another thread can get it.
+  history_.segment_free(item.pointer, item.origin.handle);
   const int64_t held = item.graph ? 0 : static_cast<int64_t>(item.bytes);
   if (failed || process_exiting()) {
     if (failed) stats_.count(stat::reclaim_failures);

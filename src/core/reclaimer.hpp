@@ -15,6 +15,7 @@
 #include "core/fence.hpp"
 #include "core/stream.hpp"
 #include "drivers/driver.hpp"
+#include "observe/history.hpp"
 #include "observe/stats.hpp"
 
 namespace arcpool::detail {
@@ -44,8 +45,8 @@ struct reclaim_item {
 class reclaimer {
  public:
   /// `before_free` (may be null) runs before every pool free it enqueues (the poison hook).
-  reclaimer(driver& drv, event_pool& events, stats& counters, arcpool_before_free_t before_free,
-            void* before_free_user_data);
+  reclaimer(driver& drv, event_pool& events, stats& counters, history& recorded,
+            arcpool_before_free_t before_free, void* before_free_user_data);
   /// Completes every pending item (blocking on its fences) and joins the worker. When the
   /// process is exiting it only stops the worker: no CUDA call after teardown.
   ~reclaimer();
@@ -103,6 +104,7 @@ class reclaimer {
   driver& driver_;
   event_pool& events_;
   stats& stats_;
+  history& history_;
   const arcpool_before_free_t before_free_;
   void* const before_free_user_data_;
 

@@ -135,6 +135,7 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
     stats_.sub(stat::allocations_in_use, 1);
     stats_.sub(stat::bytes_held, a.placement.held_bytes);
     stream_stats_of(a.placement.origin).freed(a.placement.size);
+    history_.segment_free(a.placement.base, a.current.handle);
   }
   *out = a.placement.base;
   return ARCPOOL_STATUS_SUCCESS;

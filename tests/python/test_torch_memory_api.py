@@ -59,14 +59,15 @@ class TorchMemoryApi(unittest.TestCase):
             return refuse
 
         names = at._MEMORY_API
-        memory = types.SimpleNamespace(**{name: native(name) for name in names})
+        memory_names = names + at._SNAPSHOT_API
+        memory = types.SimpleNamespace(**{name: native(name) for name in memory_names})
         cuda = types.SimpleNamespace(memory=memory, **{name: getattr(memory, name) for name in names})
-        originals = {name: getattr(cuda, name) for name in names}
+        originals = {name: getattr(memory, name) for name in memory_names}
         at.patch_memory_api(cuda)
         at.patch_memory_api(cuda)  # twice: still restorable to torch's own
         try:
-            for namespace in (cuda, cuda.memory):
-                for name in names:
+            for namespace, patched in ((cuda, names), (cuda.memory, memory_names)):
+                for name in patched:
                     self.assertIs(getattr(at, name), getattr(namespace, name), name)
             pointer = _malloc(2 * MIB)
             self.assertEqual(at.memory_allocated(0), cuda.memory_allocated(0))
@@ -75,8 +76,8 @@ class TorchMemoryApi(unittest.TestCase):
             _free(pointer, 2 * MIB)
         finally:
             at.unpatch_memory_api()
-        for namespace in (cuda, cuda.memory):
-            for name in names:
+        for namespace, patched in ((cuda, names), (cuda.memory, memory_names)):
+            for name in patched:
                 self.assertIs(originals[name], getattr(namespace, name), name)
 
     @unittest.skipUnless(importlib.util.find_spec("torch"), "PyTorch is not installed here")
@@ -88,6 +89,7 @@ class TorchMemoryApi(unittest.TestCase):
         try:
             self.assertIs(at.memory_allocated, torch.cuda.memory_allocated)
             self.assertIs(at.memory_stats, torch.cuda.memory.memory_stats)
+            self.assertIs(at._snapshot, torch.cuda.memory._snapshot)
             self.assertEqual(at.memory_allocated(0), torch.cuda.memory_allocated(0))
         finally:
             at.unpatch_memory_api()
