@@ -8,6 +8,10 @@
 #include <map>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
+#include <thread>
+
 #include "arcpool/arcpool.h"
 #include "support/driver_test.hpp"
 #include "support/simcuda_probe.hpp"
@@ -16,10 +20,13 @@ namespace arcpool::test {
 namespace {
 
 /// The runtime functions the CUDA driver calls on its hot paths.
-const char* const kFunctions[] = {"cudaGetDevice",
+const char* const kFunctions[] = {"cuCtxGetCurrent",
+                                  "cuCtxSetCurrent",
+                                  "cudaGetDevice",
                                   "cudaSetDevice",
                                   "cudaStreamIsCapturing",
                                   "cudaStreamGetId",
+                                  "cudaStreamGetDevice",
                                   "cudaEventRecord",
                                   "cudaStreamWaitEvent",
                                   "cudaEventCreateWithFlags",
@@ -58,6 +65,10 @@ class RuntimeCalls : public ::testing::Test {
       GTEST_SKIP() << "counts CUDA runtime calls through simcuda's counters: run it on the "
                       "simcuda presets (tools/simcuda-test)";
     }
+    // The thread works on the allocator's device, as an application that chose its device:
+    // each device guard then finds the device's context current (OnAThreadWithNoContext
+    // counts the other case).
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
     arcpool_allocator_options_t options;
     arcpool_allocator_options_init(&options);
     options.driver = ARCPOOL_DRIVER_CUDA;
@@ -100,7 +111,7 @@ class RuntimeCalls : public ::testing::Test {
 TEST_F(RuntimeCalls, OfEachHotOperation) {
   arcpool_allocation_t* a = nullptr;
   // A cache hit: the capture check, in the pool's device.
-  expect_calls("allocate_async (cache hit)", {{"cudaGetDevice", 1}, {"cudaStreamIsCapturing", 1}},
+  expect_calls("allocate_async (cache hit)", {{"cuCtxGetCurrent", 1}, {"cudaStreamIsCapturing", 1}},
                [&] { ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s_, 0, &a)); });
   expect_calls("allocation_preserve + allocation_discard", {}, [&] {
     ASSERT_OK(arcpool_allocation_preserve(a));
@@ -108,29 +119,71 @@ TEST_F(RuntimeCalls, OfEachHotOperation) {
   });
   // record_use of a created stream: its fence is taken at deallocation, nothing now but the
   // capture check.
-  expect_calls("record_use (created stream)", {{"cudaGetDevice", 1}, {"cudaStreamIsCapturing", 1}},
+  expect_calls("record_use (created stream)",
+               {{"cuCtxGetCurrent", 1}, {"cudaStreamIsCapturing", 1}},
                [&] { ASSERT_OK(arcpool_record_use(a, t_)); });
   // transfer to s_: the receiver's capture check, a fence on each donor (t_ recorded as a use;
   // the current stream is s_ itself, so only t_), the receiver's wait.
   expect_calls("transfer",
                {{"cudaEventRecord", 1},
-                {"cudaGetDevice", 4},
+                {"cuCtxGetCurrent", 4},
                 {"cudaStreamIsCapturing", 2},
                 {"cudaStreamWaitEvent", 1}},
                [&] { ASSERT_OK(arcpool_transfer(a, t_)); });
   ASSERT_OK(arcpool_transfer(a, s_));
   // A same-stream free into the cache: the capture check only.
   expect_calls("deallocate_async (same stream, cached) + allocation_release",
-               {{"cudaGetDevice", 1}, {"cudaStreamIsCapturing", 1}}, [&] {
+               {{"cuCtxGetCurrent", 1}, {"cudaStreamIsCapturing", 1}}, [&] {
                  ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
                  ASSERT_OK(arcpool_allocation_release(a));
                });
   void* p = nullptr;
   expect_calls("allocator_malloc_async + allocator_free_async (cache hit)",
-               {{"cudaGetDevice", 2}, {"cudaStreamIsCapturing", 2}}, [&] {
+               {{"cuCtxGetCurrent", 2}, {"cudaStreamIsCapturing", 2}}, [&] {
                  ASSERT_OK(arcpool_allocator_malloc_async(alloc_, kBytes, 0, s_, &p));
                  ASSERT_OK(arcpool_allocator_free_async(alloc_, p, s_));
                });
+}
+
+// An application stream arcpool does not know is resolved on every call (its handle may have
+// been recycled), its device checked, and it has no cache: register streams used often.
+TEST_F(RuntimeCalls, OfAnUnregisteredApplicationStream) {
+  cudaStream_t app = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&app, cudaStreamNonBlocking));
+  auto s = reinterpret_cast<arcpool_stream_t>(app);
+  arcpool_allocation_t* a = nullptr;
+  expect_calls("allocate_async (unregistered application stream)",
+               {{"cuCtxGetCurrent", 5},
+                {"cudaMallocFromPoolAsync", 1},
+                {"cudaStreamGetDevice", 1},
+                {"cudaStreamGetId", 1},
+                {"cudaStreamIsCapturing", 2}},
+               [&] { ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s, 0, &a)); });
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  ASSERT_OK(arcpool_allocation_release(a));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(app));
+  ASSERT_EQ(cudaSuccess, cudaStreamDestroy(app));
+}
+
+// A thread with no current context (it never chose a device): every device guard makes the
+// allocator's device current and then puts back "no context", two calls more per guard, so
+// that arcpool never leaves a context current where the application had none.
+TEST_F(RuntimeCalls, OnAThreadWithNoContext) {
+  std::thread([&] {
+    arcpool_allocation_t* a = nullptr;
+    // Warm this thread's stream cache first, as SetUp warmed the main thread's.
+    ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s_, 0, &a));
+    ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+    ASSERT_OK(arcpool_allocation_release(a));
+    expect_calls("allocate_async (cache hit, no context current)",
+                 {{"cuCtxGetCurrent", 1},
+                  {"cuCtxSetCurrent", 1},
+                  {"cudaSetDevice", 1},
+                  {"cudaStreamIsCapturing", 1}},
+                 [&] { ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s_, 0, &a)); });
+    ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+    ASSERT_OK(arcpool_allocation_release(a));
+  }).join();
 }
 
 }  // namespace

@@ -125,11 +125,27 @@ arcpool_status_t allocator::resolve_stream_slow(stream_handle s, stream_ref* out
   if (capturing) return resolve_capturing_stream(s, out);
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_id(s, &out->id));
   out->entry = out->kind == stream_kind::application ? streams_.find(out->id) : nullptr;
+  if (out->kind == stream_kind::application && out->entry == nullptr) {
+    // Known streams were checked once, when created or registered. A default stream handle
+    // names the allocator's device's own stream: the device guard makes that device current.
+    ARCPOOL_RETURN_IF_ERROR(check_stream_device(s));
+  }
   if (out->entry != nullptr || out->kind != stream_kind::application) {
     stream_cache_line_of(s) =
         stream_cache_line{streams_.uid(), version, s, out->id, out->entry, out->kind};
   }
   return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::check_stream_device(stream_handle s) {
+  int device = 0;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_device(s, &device));
+  if (device == driver_->device()) return ARCPOOL_STATUS_SUCCESS;
+  return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+              "stream %p belongs to device %d, and this allocator serves device %d: its pool's "
+              "memory is ordered on device %d's streams (use device %d's allocator, "
+              "arcpool_default_allocator_get(%d))",
+              static_cast<void*>(s), device, driver_->device(), driver_->device(), device, device);
 }
 
 arcpool_status_t allocator::capturing_failure(const stream_ref& s, const char* what) {

@@ -157,6 +157,9 @@ class allocator {
     return resolve_stream_slow(s, out);
   }
   arcpool_status_t resolve_stream_slow(stream_handle s, stream_ref* out);
+  /// INVALID_ARGUMENT, naming both devices, when `s` belongs to another device than this
+  /// allocator's (design.md §6).
+  arcpool_status_t check_stream_device(stream_handle s);
 
   // --- Graph capture (capture.cpp, docs/graphs.md) --------------------------------------
   friend struct graph_gate;

@@ -1,5 +1,6 @@
 // The CUDA driver: the product. Streams, timing-disabled events, a cudaMemPool_t (owned with
 // arcpool's settings, or adopted) and host functions, each call on the allocator's device.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <new>
@@ -29,23 +30,82 @@ arcpool_status_t check(cudaError_t e, const char* what) {
   return fail(status, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-/// Makes `device` current for the scope and restores the previous device.
+/// The driver API's current-context functions, reached through the runtime
+/// (cudaGetDriverEntryPointByVersion), so that arcpool links no libcuda. Null members when the
+/// runtime does not provide them.
+struct context_functions {
+  CUresult(CUDAAPI* get_current)(CUcontext*) = nullptr;
+  CUresult(CUDAAPI* set_current)(CUcontext) = nullptr;
+};
+
+const context_functions& context_api() {
+  static const context_functions api = [] {
+    context_functions f;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    void* fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      f.get_current = reinterpret_cast<decltype(f.get_current)>(fn);
+    }
+    fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess) {
+      f.set_current = reinterpret_cast<decltype(f.set_current)>(fn);
+    }
+    cudaGetLastError();
+    return f;
+  }();
+  return api;
+}
+
+/// Makes `device`'s primary context current for the scope, then puts back the context that
+/// was current before, or none when none was (design.md §6, "Devices and contexts"). Runtime
+/// calls "operate on the CUDA Driver API CUcontext which is current to the calling host
+/// thread", and cudaSetDevice makes the device's primary context current "by calling
+/// cuCtxSetCurrent()" (CUDA Runtime API, "Interactions with the CUDA Driver API"). When
+/// `primary` (that context, null before it is known) is current already, the guard makes one
+/// call, cuCtxGetCurrent. A switch that fails is the guard's status(): the caller returns it
+/// and makes no call on another device.
 class device_guard {
  public:
-  explicit device_guard(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      changed_ = cudaSetDevice(device) == cudaSuccess;
+  device_guard(int device, CUcontext primary) {
+    const context_functions& api = context_api();
+    if (api.get_current == nullptr || api.set_current == nullptr) {
+      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
+                     "the runtime gives no cuCtxGetCurrent / cuCtxSetCurrent entry point");
+      return;
     }
+    if (const CUresult r = api.get_current(&previous_); r != CUDA_SUCCESS) {
+      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d",
+                     static_cast<int>(r));
+      return;
+    }
+    if (primary != nullptr && previous_ == primary) return;
+    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      cudaGetLastError();
+      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
+                     "cannot switch to device %d: cudaSetDevice failed: %s (%s)", device,
+                     cudaGetErrorName(e), cudaGetErrorString(e));
+      return;
+    }
+    restore_ = true;
   }
   ~device_guard() {
-    if (changed_) cudaSetDevice(previous_);
+    // Null restores "no context": cuCtxSetCurrent(NULL) pops the one cudaSetDevice bound.
+    if (restore_) context_api().set_current(previous_);
   }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
 
+  /// SUCCESS once the device's context is current.
+  arcpool_status_t status() const noexcept { return status_; }
+
  private:
-  int previous_ = -1;
-  bool changed_ = false;
+  CUcontext previous_ = nullptr;
+  bool restore_ = false;
+  arcpool_status_t status_ = ARCPOOL_STATUS_SUCCESS;
 };
 
 /// Relaxed stream-capture mode for the scope. Queries and synchronizations are "potentially
@@ -76,12 +136,13 @@ cudaEvent_t cu(event_handle e) {
 
 class cuda_driver final : public driver {
  public:
-  cuda_driver(int device, cudaMemPool_t pool, bool owned)
-      : device_(device), pool_(pool), owned_(owned) {}
+  cuda_driver(int device, CUcontext primary, cudaMemPool_t pool, bool owned)
+      : device_(device), primary_(primary), pool_(pool), owned_(owned) {}
 
   ~cuda_driver() override {
     if (owned_ && !process_exiting()) {
-      device_guard guard(device_);
+      device_guard guard(device_, primary_);
+      if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // the pool goes with the process
       cudaMemPoolDestroy(pool_);  // returns at once; released when its memory is all freed
     }
   }
@@ -91,7 +152,8 @@ class cuda_driver final : public driver {
 
   arcpool_status_t stream_create(stream_handle* out) override {
     if (process_exiting()) return exiting("cudaStreamCreateWithFlags");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     cudaStream_t s = nullptr;
     ARCPOOL_RETURN_IF_ERROR(
         check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
@@ -101,29 +163,39 @@ class cuda_driver final : public driver {
 
   arcpool_status_t stream_destroy(stream_handle s) override {
     if (process_exiting()) return ARCPOOL_STATUS_SUCCESS;
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     return check(cudaStreamDestroy(cu(s)), "cudaStreamDestroy");
   }
 
   arcpool_status_t stream_synchronize(stream_handle s) override {
     if (process_exiting()) return exiting("cudaStreamSynchronize");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     relaxed_capture_guard relaxed;
     return check(cudaStreamSynchronize(cu(s)), "cudaStreamSynchronize");
   }
 
   arcpool_status_t stream_id(stream_handle s, uint64_t* out) override {
     if (process_exiting()) return exiting("cudaStreamGetId");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     unsigned long long id = 0;
     ARCPOOL_RETURN_IF_ERROR(check(cudaStreamGetId(cu(s), &id), "cudaStreamGetId"));
     *out = id;
     return ARCPOOL_STATUS_SUCCESS;
   }
 
+  arcpool_status_t stream_device(stream_handle s, int* out) override {
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
+    return check(cudaStreamGetDevice(cu(s), out), "cudaStreamGetDevice");
+  }
+
   arcpool_status_t stream_is_capturing(stream_handle s, bool* out) override {
     if (process_exiting()) return exiting("cudaStreamIsCapturing");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     ARCPOOL_RETURN_IF_ERROR(check(cudaStreamIsCapturing(cu(s), &status), "cudaStreamIsCapturing"));
     *out = status != cudaStreamCaptureStatusNone;
@@ -131,13 +203,15 @@ class cuda_driver final : public driver {
   }
 
   arcpool_status_t stream_begin_capture(stream_handle s) override {
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     return check(cudaStreamBeginCapture(cu(s), cudaStreamCaptureModeThreadLocal),
                  "cudaStreamBeginCapture");
   }
 
   arcpool_status_t stream_end_capture(stream_handle s) override {
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     cudaGraph_t graph = nullptr;
     const arcpool_status_t status =
         check(cudaStreamEndCapture(cu(s), &graph), "cudaStreamEndCapture");
@@ -148,7 +222,8 @@ class cuda_driver final : public driver {
   bool supports_graphs() const noexcept override { return true; }
 
   arcpool_status_t stream_capture_info(stream_handle s, capture_info* out) override {
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     unsigned long long id = 0;
     cudaGraph_t graph = nullptr;
@@ -179,9 +254,10 @@ class cuda_driver final : public driver {
         delete d;
       }
     };
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     auto* d = new (std::nothrow) deferred{fn, user_data, true};
     if (d == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a user object");
-    device_guard guard(device_);
     cudaUserObject_t object = nullptr;
     if (arcpool_status_t status = check(
             cudaUserObjectCreate(&object, d, &deferred::run, 1, cudaUserObjectNoDestructorSync),
@@ -204,13 +280,15 @@ class cuda_driver final : public driver {
   arcpool_status_t launch_host_func(stream_handle s, arcpool_host_fn_t fn,
                                     void* user_data) override {
     if (process_exiting()) return exiting("cudaLaunchHostFunc");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     return check(cudaLaunchHostFunc(cu(s), fn, user_data), "cudaLaunchHostFunc");
   }
 
   arcpool_status_t event_create(event_handle* out) override {
     if (process_exiting()) return exiting("cudaEventCreateWithFlags");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     cudaEvent_t e = nullptr;
     ARCPOOL_RETURN_IF_ERROR(
         check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
@@ -220,25 +298,29 @@ class cuda_driver final : public driver {
 
   void event_destroy(event_handle e) noexcept override {
     if (process_exiting()) return;
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // unreachable device: the event stays
     cudaEventDestroy(cu(e));
   }
 
   arcpool_status_t event_record(event_handle e, stream_handle s) override {
     if (process_exiting()) return exiting("cudaEventRecord");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     return check(cudaEventRecord(cu(e), cu(s)), "cudaEventRecord");
   }
 
   arcpool_status_t stream_wait_event(stream_handle s, event_handle e) override {
     if (process_exiting()) return exiting("cudaStreamWaitEvent");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     return check(cudaStreamWaitEvent(cu(s), cu(e), 0), "cudaStreamWaitEvent");
   }
 
   arcpool_status_t event_query(event_handle e, bool* done) override {
     if (process_exiting()) return exiting("cudaEventQuery");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     relaxed_capture_guard relaxed;
     const cudaError_t r = cudaEventQuery(cu(e));
     if (r == cudaErrorNotReady) {
@@ -255,26 +337,30 @@ class cuda_driver final : public driver {
 
   arcpool_status_t event_synchronize(event_handle e) override {
     if (process_exiting()) return exiting("cudaEventSynchronize");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     relaxed_capture_guard relaxed;
     return check(cudaEventSynchronize(cu(e)), "cudaEventSynchronize");
   }
 
   arcpool_status_t pool_allocate(size_t bytes, stream_handle s, void** out) override {
     if (process_exiting()) return exiting("cudaMallocFromPoolAsync");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     return check(cudaMallocFromPoolAsync(out, bytes, pool_, cu(s)), "cudaMallocFromPoolAsync");
   }
 
   arcpool_status_t pool_free(void* p, size_t, stream_handle s) override {
     if (process_exiting()) return ARCPOOL_STATUS_SUCCESS;  // the process gives it all back
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     return check(cudaFreeAsync(p, cu(s)), "cudaFreeAsync");
   }
 
   arcpool_status_t pool_trim(size_t keep_bytes) override {
     if (process_exiting()) return exiting("cudaMemPoolTrimTo");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     relaxed_capture_guard relaxed;
     return check(cudaMemPoolTrimTo(pool_, keep_bytes), "cudaMemPoolTrimTo");
   }
@@ -282,7 +368,8 @@ class cuda_driver final : public driver {
   pool_figures pool_query() override {
     pool_figures f;
     if (process_exiting()) return f;
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    if (guard.status() != ARCPOOL_STATUS_SUCCESS) return pool_figures{};
     uint64_t value = 0;
     bool failed = false;
     auto read = [&](cudaMemPoolAttr attr, uint64_t* out) {
@@ -301,7 +388,8 @@ class cuda_driver final : public driver {
 
   void pool_reset_peak() noexcept override {
     if (process_exiting()) return;
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // nothing to undo
     // driver_types.h, cudaMemPoolAttrReservedMemHigh: "High watermark can only be reset to
     // zero"; the pool then restarts it at its current reservation.
     uint64_t zero = 0;
@@ -312,7 +400,8 @@ class cuda_driver final : public driver {
 
   arcpool_status_t device_memory(size_t* out) override {
     if (process_exiting()) return exiting("cudaMemGetInfo");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     relaxed_capture_guard relaxed;
     size_t free_bytes = 0;
     return check(cudaMemGetInfo(&free_bytes, out), "cudaMemGetInfo");
@@ -320,7 +409,8 @@ class cuda_driver final : public driver {
 
   arcpool_status_t device_synchronize() override {
     if (process_exiting()) return exiting("cudaDeviceSynchronize");
-    device_guard guard(device_);
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
     relaxed_capture_guard relaxed;
     return check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
@@ -333,6 +423,7 @@ class cuda_driver final : public driver {
 
  private:
   const int device_;
+  const CUcontext primary_;  ///< the device's primary context
   const cudaMemPool_t pool_;
   const bool owned_;
 };
@@ -429,9 +520,18 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
     *status = fail(ARCPOOL_STATUS_NO_DEVICE, "CUDA driver unavailable: %s", why.c_str());
     return nullptr;
   }
-  device_guard guard(config.device);
+  device_guard guard(config.device, nullptr);
+  *status = guard.status();
+  if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
   *status = check(cudaFree(nullptr), "cudaFree(nullptr) (runtime initialization)");
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
+  // cudaSetDevice made the device's primary context current: the guards compare with it.
+  CUcontext primary = nullptr;
+  if (const CUresult r = context_api().get_current(&primary); r != CUDA_SUCCESS) {
+    *status =
+        fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d", static_cast<int>(r));
+    return nullptr;
+  }
   arm_exit_hook();  // after the runtime registered its own teardown, so ours runs first
 
   cudaMemPool_t pool = nullptr;
@@ -448,7 +548,7 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
       break;
   }
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
-  return std::make_unique<cuda_driver>(config.device, pool,
+  return std::make_unique<cuda_driver>(config.device, primary, pool,
                                        config.pool_source == ARCPOOL_POOL_OWNED);
 }
 

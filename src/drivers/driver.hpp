@@ -80,6 +80,13 @@ class driver {
   /// The process-unique identity of `s` (cudaStreamGetId; per-thread default streams resolve
   /// to the calling thread's stream).
   virtual arcpool_status_t stream_id(stream_handle s, uint64_t* out) = 0;
+  /// The device `s` belongs to (cudaStreamGetDevice). By default this driver's own: the host
+  /// and null drivers model one device, whose streams are all theirs.
+  virtual arcpool_status_t stream_device(stream_handle s, int* out) {
+    (void)s;
+    *out = device();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   /// Whether `s` is capturing a graph.
   virtual arcpool_status_t stream_is_capturing(stream_handle s, bool* out) = 0;
   /// Starts capturing `s` into a graph (thread-local mode). Tests use it to prove UNSUPPORTED.

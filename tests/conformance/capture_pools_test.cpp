@@ -1,5 +1,7 @@
 // Stream capture, memory pools, devices and page-locked memory, as the CUDA Runtime API
 // reference and the programming guide describe them.
+#include <cuda.h>
+
 #include <thread>
 
 #include "conformance.hpp"
@@ -289,6 +291,59 @@ TEST_F(Devices, ContextsAreCreatedBySetDeviceNotByGetDevice) {
   EXPECT_EQ(1u, simcuda_primary_contexts(1)) << "cudaSetDevice(1) created device 1's context";
   EXPECT_EQ(cudaErrorInvalidDevice, cudaSetDevice(count));
   cudaGetLastError();
+}
+
+/// A driver API entry point reached through the runtime (as arcpool reaches them).
+template <class Fn>
+Fn driver_function(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  EXPECT_EQ(cudaSuccess,
+            cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found));
+  EXPECT_EQ(cudaDriverEntryPointSuccess, found) << symbol;
+  return reinterpret_cast<Fn>(fn);
+}
+
+// Runtime API, "Interactions with the CUDA Driver API": "CUDA Runtime API calls operate on the
+// CUDA Driver API CUcontext which is current to the calling host thread"; cudaSetDevice makes
+// the device's primary context current "by calling cuCtxSetCurrent()"; "If no CUcontext is
+// current to the calling thread when a CUDA Runtime API call which requires an active context
+// is made, then the primary context for a device will be selected, made current to the
+// calling thread, and initialized." cuCtxSetCurrent(NULL) pops the thread's context.
+TEST_F(Devices, TheCurrentContextIsPerThreadAndTheRuntimeFollowsIt) {
+  const auto get = driver_function<CUresult(CUDAAPI*)(CUcontext*)>("cuCtxGetCurrent");
+  const auto set = driver_function<CUresult(CUDAAPI*)(CUcontext)>("cuCtxSetCurrent");
+  ASSERT_NE(nullptr, get);
+  ASSERT_NE(nullptr, set);
+  int count = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&count));
+  std::thread([&] {
+    CUcontext ctx = reinterpret_cast<CUcontext>(1);
+    ASSERT_EQ(CUDA_SUCCESS, get(&ctx));
+    EXPECT_EQ(nullptr, ctx) << "a new thread has no current context";
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    CUcontext zero = nullptr;
+    ASSERT_EQ(CUDA_SUCCESS, get(&zero));
+    ASSERT_NE(nullptr, zero);
+    ASSERT_EQ(CUDA_SUCCESS, set(nullptr));
+    ASSERT_EQ(CUDA_SUCCESS, get(&ctx));
+    EXPECT_EQ(nullptr, ctx) << "cuCtxSetCurrent(NULL) leaves none current";
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreate(&s));
+    ASSERT_EQ(CUDA_SUCCESS, get(&ctx));
+    EXPECT_NE(nullptr, ctx) << "a runtime call made a primary context current";
+    cudaStreamDestroy(s);
+    if (count >= 2) {
+      ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
+      CUcontext one = nullptr;
+      ASSERT_EQ(CUDA_SUCCESS, get(&one));
+      EXPECT_NE(zero, one) << "each device has its primary context";
+      ASSERT_EQ(CUDA_SUCCESS, set(zero));
+      int d = -1;
+      ASSERT_EQ(cudaSuccess, cudaGetDevice(&d));
+      EXPECT_EQ(0, d) << "the runtime's device is the current context's";
+    }
+  }).join();
 }
 
 TEST_F(Devices, MemoryInfoAndOutOfMemoryAtCapacity) {

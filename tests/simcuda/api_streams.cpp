@@ -115,6 +115,16 @@ cudaError_t stream_get_id(cudaStream_t handle, unsigned long long* id, bool ptds
   return cudaSuccess;
 }
 
+cudaError_t stream_get_device(cudaStream_t handle, int* device, bool ptds) {
+  SIMCUDA_ENTER("cudaStreamGetDevice");
+  if (device == nullptr) return ret(cudaErrorInvalidValue);
+  stream_obj* s = resolve_stream(handle, ptds, "cudaStreamGetDevice");
+  if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  // cudaStreamGetDevice: "Returns in device the device of the stream."
+  *device = s->device;
+  return cudaSuccess;
+}
+
 cudaError_t stream_is_capturing(cudaStream_t handle, cudaStreamCaptureStatus* status, bool ptds) {
   SIMCUDA_ENTER("cudaStreamIsCapturing");
   if (status == nullptr) return ret(cudaErrorInvalidValue);
@@ -370,8 +380,7 @@ extern "C" {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int flags) {
   SIMCUDA_ENTER("cudaStreamCreateWithFlags");
   if (out == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return ret(cudaErrorInvalidValue);
-  device_obj& d = *r.devices[ts().device];
-  ensure_context(d);
+  device_obj& d = context_device();
   stream_obj* s = make_stream(d, stream_obj::kind::created, (flags & cudaStreamNonBlocking) == 0);
   *out = reinterpret_cast<cudaStream_t>(s->handle);
   return cudaSuccess;
@@ -414,6 +423,12 @@ cudaError_t cudaStreamGetId(cudaStream_t s, unsigned long long* id) {
 }
 cudaError_t cudaStreamGetId_ptsz(cudaStream_t s, unsigned long long* id) {
   return stream_get_id(s, id, true);
+}
+cudaError_t cudaStreamGetDevice(cudaStream_t s, int* device) {
+  return stream_get_device(s, device, false);
+}
+cudaError_t cudaStreamGetDevice_ptsz(cudaStream_t s, int* device) {
+  return stream_get_device(s, device, true);
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
   return stream_is_capturing(s, status, false);
@@ -464,7 +479,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
   constexpr unsigned kKnown =
       cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
   if (out == nullptr || (flags & ~kKnown) != 0) return ret(cudaErrorInvalidValue);
-  ensure_context(*r.devices[ts().device]);
+  context_device();
   auto e = std::make_unique<event_obj>();
   e->handle = new_handle();
   e->flags = flags;
@@ -538,8 +553,7 @@ cudaError_t cudaStreamWaitEvent_ptsz(cudaStream_t s, cudaEvent_t e, unsigned int
 
 cudaError_t cudaDeviceSynchronize(void) {
   SIMCUDA_ENTER("cudaDeviceSynchronize");
-  device_obj& d = *r.devices[ts().device];
-  ensure_context(d);
+  device_obj& d = context_device();
   // Programming guide, "Prohibited and Unhandled Operations": "It is also invalid to query the
   // execution status of or synchronize a broader handle which encompasses an active stream
   // capture, such as a device or context handle when any associated stream is in capture

@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <chrono>
+#include <utility>
 
 #include "state.hpp"
 
@@ -29,6 +30,7 @@ const error_name kErrors[] = {
                   "CUDA driver version is insufficient for CUDA runtime version"),
     SIMCUDA_ERROR(cudaErrorNoDevice, "no CUDA-capable device is detected"),
     SIMCUDA_ERROR(cudaErrorInvalidDevice, "invalid device ordinal"),
+    SIMCUDA_ERROR(cudaErrorDevicesUnavailable, "CUDA-capable device(s) is/are busy or unavailable"),
     SIMCUDA_ERROR(cudaErrorInvalidDeviceFunction, "invalid device function"),
     SIMCUDA_ERROR(cudaErrorInvalidResourceHandle, "invalid resource handle"),
     SIMCUDA_ERROR(cudaErrorIllegalState, "the operation cannot be performed in the present state"),
@@ -114,6 +116,55 @@ CUresult CUDAAPI write_value32(CUstream s, CUdeviceptr address, cuuint32_t value
   return stream_memory_op(s, address, value, flags, false);
 }
 
+/// Counts a call of cuCtxGetCurrent or cuCtxSetCurrent. Their documented results have no
+/// sticky error (CUDA_SUCCESS, CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_NOT_INITIALIZED, and for
+/// cuCtxSetCurrent CUDA_ERROR_INVALID_CONTEXT): only an injected fault fails them. With the lock.
+bool context_call_fails(const char* name) {
+  runtime& r = rt();
+  const cudaError_t sticky = std::exchange(r.sticky, cudaSuccess);
+  const cudaError_t e = enter(name);
+  r.sticky = sticky;
+  return e != cudaSuccess;
+}
+
+// cuCtxGetCurrent: "Returns in *pctx the CUDA context bound to the calling CPU thread. If no
+// context is bound to the calling CPU thread then *pctx is set to NULL and CUDA_SUCCESS is
+// returned." A primary context's handle is its device_obj.
+CUresult CUDAAPI ctx_get_current(CUcontext* out) {
+  runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (context_call_fails("cuCtxGetCurrent")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const thread_state& t = ts();
+  *out = t.context_current ? reinterpret_cast<CUcontext>(r.devices[t.device].get()) : nullptr;
+  return CUDA_SUCCESS;
+}
+
+// cuCtxSetCurrent: "Binds the specified CUDA context to the calling CPU thread. If ctx is NULL
+// then this will be equivalent to popping the top of the calling CPU thread's CUDA context
+// stack (or a no-op if the calling CPU thread's CUDA context stack is empty)." simcuda models
+// primary contexts only, and a stack of at most one.
+CUresult CUDAAPI ctx_set_current(CUcontext ctx) {
+  runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (context_call_fails("cuCtxSetCurrent")) return CUDA_ERROR_NOT_INITIALIZED;
+  thread_state& t = ts();
+  if (ctx == nullptr) {
+    t.context_current = false;
+    t.device = 0;
+    return CUDA_SUCCESS;
+  }
+  for (const std::unique_ptr<device_obj>& d : r.devices) {
+    if (reinterpret_cast<CUcontext>(d.get()) == ctx && d->context) {
+      t.device = d->ordinal;
+      t.context_current = true;
+      return CUDA_SUCCESS;
+    }
+  }
+  violation(format("cuCtxSetCurrent: %p is not an initialized context", static_cast<void*>(ctx)));
+  return CUDA_ERROR_INVALID_CONTEXT;
+}
+
 cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned version,
                                unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
   SIMCUDA_ENTER("cudaGetDriverEntryPointByVersion");
@@ -122,6 +173,8 @@ cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned version,
   *fn = nullptr;
   if (std::string(symbol) == "cuStreamWaitValue32") *fn = reinterpret_cast<void*>(wait_value32);
   if (std::string(symbol) == "cuStreamWriteValue32") *fn = reinterpret_cast<void*>(write_value32);
+  if (std::string(symbol) == "cuCtxGetCurrent") *fn = reinterpret_cast<void*>(ctx_get_current);
+  if (std::string(symbol) == "cuCtxSetCurrent") *fn = reinterpret_cast<void*>(ctx_set_current);
   if (status != nullptr) {
     *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   }
@@ -151,13 +204,14 @@ cudaError_t cudaSetDevice(int device) {
   // primary context, and the context will be current on device immediately."
   ensure_context(*d);
   ts().device = device;
+  ts().context_current = true;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
   SIMCUDA_ENTER("cudaGetDevice");
   if (device == nullptr) return ret(cudaErrorInvalidValue);
-  *device = ts().device;  // creates no context
+  *device = ts().device;  // the current context's device, or 0; creates no context
   return cudaSuccess;
 }
 

@@ -550,8 +550,7 @@ cudaError_t cudaMalloc(void** out, size_t bytes) {
     invalidate_prohibiting_captures();
     return ret(cudaErrorStreamCaptureUnsupported);
   }
-  device_obj& d = *r.devices[ts().device];
-  ensure_context(d);
+  device_obj& d = context_device();
   if (r.cfg.oom_after_allocations >= 0 && r.allocations++ >= r.cfg.oom_after_allocations) {
     return ret(cudaErrorMemoryAllocation);
   }
@@ -571,8 +570,7 @@ cudaError_t cudaMalloc(void** out, size_t bytes) {
 
 cudaError_t cudaFree(void* p) {
   SIMCUDA_ENTER("cudaFree");
-  device_obj& d = *r.devices[ts().device];
-  ensure_context(d);  // cudaFree(nullptr) is the customary way to initialize the runtime
+  context_device();  // cudaFree(nullptr) is the customary way to initialize the runtime
   if (p == nullptr) return cudaSuccess;
   check_unsafe_unverified("cudaFree");
   const auto base = reinterpret_cast<uintptr_t>(p);
@@ -623,8 +621,7 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   SIMCUDA_ENTER("cudaMemGetInfo");
   if (free_bytes == nullptr || total == nullptr) return ret(cudaErrorInvalidValue);
-  device_obj& d = *r.devices[ts().device];
-  ensure_context(d);
+  device_obj& d = context_device();
   *total = d.capacity;
   *free_bytes = d.capacity - d.reserved;
   return cudaSuccess;

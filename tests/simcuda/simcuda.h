@@ -36,6 +36,10 @@ uint64_t simcuda_primary_contexts(int device);
 /** Waits that pools inserted between streams to reuse memory (internal dependencies). */
 uint64_t simcuda_hidden_waits(void);
 
+/** Makes the next call of the runtime function or driver entry point `name` fail with the
+ * cudaError_t `error` (a fault for tests). Returns 1, or 0 for a null name or cudaSuccess. */
+int simcuda_fail_next(const char* name, int error);
+
 /** Lets `stream` run as far as it can, then returns: once it is idle, held by a stream memory
  * wait (cuStreamWaitValue32) whose condition is unmet, or waiting on streams that are settled
  * the same way and cannot go on. Then nothing queued on it can run without a further host

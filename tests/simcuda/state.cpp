@@ -150,6 +150,11 @@ void unverified(const std::string& message) {
 cudaError_t enter(const char* name) {
   runtime& r = rt();
   ++r.calls[name];
+  if (auto it = r.fail_next.find(name); it != r.fail_next.end()) {
+    const cudaError_t e = it->second;
+    r.fail_next.erase(it);
+    return e;
+  }
   // Programming guide, "Host Functions (Callbacks)": "The commands that are issued in a stream
   // after a host function do not start executing before the function has completed. [...] A
   // host function enqueued into a stream must not make CUDA API calls (directly or
@@ -177,6 +182,20 @@ uintptr_t new_handle() {
 device_obj* device_at(int d) {
   runtime& r = rt();
   return d >= 0 && d < static_cast<int>(r.devices.size()) ? r.devices[d].get() : nullptr;
+}
+
+device_obj& context_device() {
+  // Runtime API, "Interactions with the CUDA Driver API": "CUDA Runtime API calls operate on
+  // the CUDA Driver API CUcontext which is current to the calling host thread. [...] If no
+  // CUcontext is current to the calling thread when a CUDA Runtime API call which requires an
+  // active context is made, then the primary context for a device will be selected, made
+  // current to the calling thread, and initialized." Which device is not said: simcuda selects
+  // device 0 (thread_state::device is 0 whenever no context is current).
+  thread_state& t = ts();
+  device_obj& d = *rt().devices[t.device];
+  ensure_context(d);
+  t.context_current = true;
+  return d;
 }
 
 void ensure_context(device_obj& d) {
@@ -231,6 +250,13 @@ uint64_t simcuda_primary_contexts(int device) {
   std::lock_guard<std::mutex> lock(rt().mu);
   simcuda::device_obj* d = simcuda::device_at(device);
   return d == nullptr ? 0 : d->contexts;
+}
+
+int simcuda_fail_next(const char* name, int error) {
+  if (name == nullptr || error == cudaSuccess) return 0;
+  std::lock_guard<std::mutex> lock(rt().mu);
+  rt().fail_next[name] = static_cast<cudaError_t>(error);
+  return 1;
 }
 
 uint64_t simcuda_hidden_waits(void) {

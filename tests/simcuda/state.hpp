@@ -302,6 +302,7 @@ struct runtime {
   uint64_t unverified = 0;
   std::vector<std::string> violations;  ///< not yet taken
   uint64_t violation_total = 0;
+  std::map<std::string, cudaError_t> fail_next;  ///< simcuda_fail_next: one failure per call
   std::unordered_map<std::string, uint64_t> calls;
 };
 
@@ -310,7 +311,10 @@ runtime& rt();
 
 /// The calling thread's runtime state.
 struct thread_state {
+  /// The device of the current context, or (none current) the one the runtime would select.
   int device = 0;
+  /// Whether a context is current (device's primary: simcuda models no other context).
+  bool context_current = false;
   cudaError_t last_error = cudaSuccess;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   bool in_host_function = false;
@@ -349,6 +353,9 @@ uintptr_t new_handle();
 device_obj* device_at(int d);
 /// Creates the primary context of `d` if it has none (call with the lock).
 void ensure_context(device_obj& d);
+/// The device whose primary context a runtime call that needs one acts in: the current
+/// context's, else device 0's, initialized and made current (with the lock).
+device_obj& context_device();
 
 // --- streams.cpp -------------------------------------------------------------------------
 /// A new stream on `d` (with the lock).

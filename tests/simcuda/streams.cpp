@@ -75,8 +75,7 @@ stream_obj* resolve_stream(cudaStream_t handle, bool per_thread_default, const c
   runtime& r = rt();
   const auto h = reinterpret_cast<uintptr_t>(handle);
   thread_state& t = ts();
-  device_obj& d = *r.devices[t.device];
-  ensure_context(d);
+  device_obj& d = context_device();
   // Programming guide, "Default Stream": with --default-stream per-thread (the _ptsz entry
   // points) the handle 0 is the per-thread default stream; cudaStreamLegacy is always the
   // legacy stream and cudaStreamPerThread always the calling thread's own stream.

@@ -58,4 +58,10 @@ uint64_t simcuda_hidden_waits() {
   return count == nullptr ? 0 : count();
 }
 
+bool simcuda_fail_next(const char* name, int error) {
+  using fail_fn = int (*)(const char*, int);
+  static const fail_fn fail = lookup<fail_fn>("simcuda_fail_next");
+  return fail != nullptr && fail(name, error) != 0;
+}
+
 }  // namespace arcpool::test

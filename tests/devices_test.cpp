@@ -1,0 +1,175 @@
+// Devices and contexts (design.md §6, issue 13): every call of an allocator acts in its
+// device's primary context and leaves the calling thread's context as it found it, none
+// included; a failed switch is an error; a stream of another device is refused, naming both.
+// The CUDA driver with two devices: simcuda (SIMCUDA_DEVICES, default 2) in CI, or a machine
+// with two GPUs. The tests that count contexts or inject faults need simcuda.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "arcpool/arcpool.h"
+#include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
+
+namespace arcpool::test {
+namespace {
+
+using context_get_fn = CUresult(CUDAAPI*)(CUcontext*);
+
+/// The context current on the calling thread (cuCtxGetCurrent, through the runtime).
+CUcontext current_context() {
+  static const context_get_fn get = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found);
+    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<context_get_fn>(fn) : nullptr;
+  }();
+  CUcontext ctx = nullptr;
+  if (get == nullptr || get(&ctx) != CUDA_SUCCESS) ADD_FAILURE() << "cuCtxGetCurrent failed";
+  return ctx;
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+/// Skips unless the CUDA driver runs with two devices (fails without a GPU when one is
+/// required, as every CUDA test).
+#define ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP()                                    \
+  do {                                                                           \
+    ARCPOOL_REQUIRE_CUDA_OR_SKIP();                                              \
+    if (device_count() < 2) GTEST_SKIP() << "needs two CUDA devices (one here)"; \
+  } while (0)
+
+arcpool_allocator_t* cuda_allocator(int device) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_CUDA;
+  options.device = device;
+  arcpool_allocator_t* a = nullptr;
+  EXPECT_OK(arcpool_allocator_create(&options, &a));
+  return a;
+}
+
+/// Creates a stream, allocates, frees on another stream (deferred), synchronizes and tears
+/// down: every kind of driver call, on `device`'s allocator.
+void exercise(int device) {
+  arcpool_allocator_t* alloc = cuda_allocator(device);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t s = nullptr, t = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &s));
+  ASSERT_OK(arcpool_stream_create(alloc, &t));
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc, size_t{1} << 20, 0, s, 0, &a));
+  ASSERT_OK(arcpool_transfer(a, t));
+  ASSERT_OK(arcpool_deallocate_async(a, s, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  arcpool_allocation_release(a);
+  ASSERT_OK(arcpool_stream_synchronize(alloc, s));
+  ASSERT_OK(arcpool_stream_synchronize(alloc, t));
+  ASSERT_OK(arcpool_allocator_trim(alloc, 0));
+  ASSERT_OK(arcpool_stream_destroy(alloc, s));
+  ASSERT_OK(arcpool_stream_destroy(alloc, t));
+  arcpool_allocator_destroy(alloc);
+}
+
+/// The child of NeverTouchedDevicesGetNoContext: a fresh process whose only CUDA work is
+/// device 1's allocator, from a thread that never chose a device. Exits 0 when device 0 got
+/// no context and the thread still has none.
+[[noreturn]] void use_device_one_only() {
+  exercise(1);
+  const bool none_current = current_context() == nullptr;
+  const uint64_t zero = simcuda_primary_contexts(0), one = simcuda_primary_contexts(1);
+  std::fprintf(stderr, "contexts: device 0 %llu, device 1 %llu; none current: %d\n",
+               static_cast<unsigned long long>(zero), static_cast<unsigned long long>(one),
+               none_current);
+  std::exit(zero == 0 && one == 1 && none_current && !::testing::Test::HasFailure() ? 0 : 1);
+}
+
+TEST(Devices, NeverTouchedDevicesGetNoContext) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  if (!on_simcuda()) GTEST_SKIP() << "counts primary contexts with simcuda's counter";
+  // "threadsafe" runs the child as a fresh execution of this test binary: no earlier test has
+  // touched a device there.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(use_device_one_only(), ::testing::ExitedWithCode(0),
+              "contexts: device 0 0, device 1 1; none current: 1");
+}
+
+TEST(Devices, EveryCallLeavesTheThreadOnItsOwnDevice) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  std::thread([] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    const CUcontext mine = current_context();
+    ASSERT_NE(nullptr, mine);
+    exercise(1);
+    int device = -1;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
+    EXPECT_EQ(0, device) << "device 1's allocator left its device current";
+    EXPECT_EQ(mine, current_context());
+  }).join();
+}
+
+TEST(Devices, AFailedSwitchIsAnErrorAndNothingRunsOnTheWrongDevice) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  if (!on_simcuda()) GTEST_SKIP() << "injects the failure with simcuda_fail_next";
+  std::thread([] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    arcpool_allocator_t* alloc = cuda_allocator(1);
+    ASSERT_NE(nullptr, alloc);
+    reset_simcuda_calls();
+    ASSERT_TRUE(simcuda_fail_next("cudaSetDevice", cudaErrorDevicesUnavailable));
+    arcpool_stream_t s = nullptr;
+    EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_stream_create(alloc, &s));
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "cannot switch to device 1"))
+        << arcpool_last_error();
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "cudaErrorDevicesUnavailable"));
+    EXPECT_EQ(0u, simcuda_calls("cudaStreamCreateWithFlags")) << "a stream made on device 0";
+    EXPECT_EQ(cudaSuccess, cudaGetLastError()) << "arcpool's failure is not the thread's error";
+    int device = -1;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
+    EXPECT_EQ(0, device);
+    ASSERT_OK(arcpool_stream_create(alloc, &s)) << "the next call switches again";
+    ASSERT_OK(arcpool_stream_destroy(alloc, s));
+    arcpool_allocator_destroy(alloc);
+  }).join();
+}
+
+TEST(Devices, AStreamOfAnotherDeviceIsRefusedNamingBoth) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  std::thread([] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    cudaStream_t foreign = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&foreign, cudaStreamNonBlocking));
+    arcpool_allocator_t* alloc = cuda_allocator(1);
+    ASSERT_NE(nullptr, alloc);
+    auto s = reinterpret_cast<arcpool_stream_t>(foreign);
+    EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_register(alloc, s));
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "belongs to device 0"));
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "serves device 1"));
+    arcpool_allocation_t* a = nullptr;
+    EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  arcpool_allocate_async(alloc, 4096, 0, s, 0, &a));
+    EXPECT_EQ(nullptr, a);
+    arcpool_stats_t st{};
+    st.struct_size = sizeof(st);
+    st.version = ARCPOOL_STATS_VERSION;
+    ASSERT_OK(arcpool_stats_get(alloc, &st));
+    EXPECT_EQ(0u, st.allocations);
+    arcpool_allocator_destroy(alloc);
+    ASSERT_EQ(cudaSuccess, cudaStreamDestroy(foreign));
+  }).join();
+}
+
+}  // namespace
+}  // namespace arcpool::test
