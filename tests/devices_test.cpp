@@ -12,6 +12,8 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "arcpool/arcpool.h"
 #include "support/driver_test.hpp"
@@ -169,6 +171,75 @@ TEST(Devices, AStreamOfAnotherDeviceIsRefusedNamingBoth) {
     arcpool_allocator_destroy(alloc);
     ASSERT_EQ(cudaSuccess, cudaStreamDestroy(foreign));
   }).join();
+}
+
+/// Allocates on device 0's allocator (peers as given), then writes the memory from a stream
+/// of device 1, ordered after the allocation; returns simcuda's violations.
+std::string write_from_device_one(std::vector<int> peers) {
+  std::string violations;
+  std::thread([&] {
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_CUDA;
+    options.peer_devices = peers.data();
+    options.peer_device_count = peers.size();
+    arcpool_allocator_t* alloc = nullptr;
+    ASSERT_OK(arcpool_allocator_create(&options, &alloc));
+    arcpool_stream_t s = nullptr;
+    ASSERT_OK(arcpool_stream_create(alloc, &s));
+    constexpr size_t kBytes = size_t{1} << 20;
+    arcpool_allocation_t* a = nullptr;
+    ASSERT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
+    void* p = nullptr;
+    ASSERT_OK(arcpool_allocation_data(a, &p));
+    ASSERT_OK(arcpool_stream_synchronize(alloc, s));  // the peer's work follows the allocation
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
+    cudaStream_t peer = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
+    ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 0x5a, kBytes, peer));
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(peer));  // the free follows the peer's work
+    ASSERT_EQ(cudaSuccess, cudaStreamDestroy(peer));
+    ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+    arcpool_allocation_release(a);
+    ASSERT_OK(arcpool_stream_destroy(alloc, s));
+    arcpool_allocator_destroy(alloc);
+    violations = take_simcuda_violations();
+  }).join();
+  return violations;
+}
+
+TEST(Devices, APeerGrantedAccessMayUseThePoolsMemoryAndOnlyThen) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  if (!on_simcuda()) GTEST_SKIP() << "simcuda checks the access (one GPU cannot test peers)";
+  EXPECT_EQ("", write_from_device_one({1}));
+  EXPECT_NE(std::string::npos, write_from_device_one({}).find("device 1 has no access"))
+      << "without peer_devices device 1 may not touch device 0's pool";
+}
+
+TEST(Devices, PeersThatCannotBeGrantedAreRefused) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  auto create = [](std::vector<int> peers, arcpool_pool_source_t source) {
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_CUDA;
+    options.pool_source = source;
+    options.peer_devices = peers.data();
+    options.peer_device_count = peers.size();
+    arcpool_allocator_t* alloc = nullptr;
+    const arcpool_status_t status = arcpool_allocator_create(&options, &alloc);
+    const std::string message = status == ARCPOOL_STATUS_SUCCESS ? "" : arcpool_last_error();
+    arcpool_allocator_destroy(alloc);
+    return std::make_pair(status, message);
+  };
+  auto [own, own_message] = create({0}, ARCPOOL_POOL_OWNED);
+  EXPECT_EQ(ARCPOOL_STATUS_INVALID_ARGUMENT, own);
+  EXPECT_NE(std::string::npos, own_message.find("the pool's own device")) << own_message;
+  auto [none, none_message] = create({device_count()}, ARCPOOL_POOL_OWNED);
+  EXPECT_EQ(ARCPOOL_STATUS_INVALID_ARGUMENT, none);
+  EXPECT_NE(std::string::npos, none_message.find("not a device")) << none_message;
+  auto [borrowed, borrowed_message] = create({1}, ARCPOOL_POOL_DEVICE_DEFAULT);
+  EXPECT_EQ(ARCPOOL_STATUS_INVALID_ARGUMENT, borrowed);
+  EXPECT_NE(std::string::npos, borrowed_message.find("owned pool")) << borrowed_message;
 }
 
 }  // namespace

@@ -433,6 +433,44 @@ arcpool_status_t set_pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, in
   return check(cudaMemPoolSetAttribute(pool, attr, &value), name);
 }
 
+/// Gives device `peer` read and write access to `pool` (of `device`), then checks that it has
+/// it (design.md §7, "Peers"): cudaMemPoolSetAccess "Controls visibility of pools between
+/// devices", cudaMemPoolGetAccess "Returns the accessibility of the pool's memory from the
+/// specified location".
+arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer) {
+  int count = 0;
+  ARCPOOL_RETURN_IF_ERROR(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  if (peer == device || peer < 0 || peer >= count) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "peer_devices: %d is %s (the pool is device %d's, of %d devices)", peer,
+                peer == device ? "the pool's own device" : "not a device", device, count);
+  }
+  int can = 0;
+  ARCPOOL_RETURN_IF_ERROR(
+      check(cudaDeviceCanAccessPeer(&can, peer, device), "cudaDeviceCanAccessPeer"));
+  if (can == 0) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "peer_devices: device %d cannot access device %d's memory "
+                "(cudaDeviceCanAccessPeer answers 0)",
+                peer, device);
+  }
+  cudaMemAccessDesc access{};
+  access.location.type = cudaMemLocationTypeDevice;
+  access.location.id = peer;
+  access.flags = cudaMemAccessFlagsProtReadWrite;
+  ARCPOOL_RETURN_IF_ERROR(check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess"));
+  cudaMemAccessFlags granted = cudaMemAccessFlagsProtNone;
+  ARCPOOL_RETURN_IF_ERROR(
+      check(cudaMemPoolGetAccess(&granted, pool, &access.location), "cudaMemPoolGetAccess"));
+  if (granted != cudaMemAccessFlagsProtReadWrite) {
+    return fail(ARCPOOL_STATUS_CUDA_ERROR,
+                "peer_devices: cudaMemPoolSetAccess succeeded, yet device %d has access %d to "
+                "device %d's pool, not read-write",
+                peer, static_cast<int>(granted), device);
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* out) {
   int supported_types = 0;
   ARCPOOL_RETURN_IF_ERROR(
@@ -474,11 +512,7 @@ arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* o
   }
   for (int peer : config.peer_devices) {
     if (status != ARCPOOL_STATUS_SUCCESS) break;
-    cudaMemAccessDesc access{};
-    access.location.type = cudaMemLocationTypeDevice;
-    access.location.id = peer;
-    access.flags = cudaMemAccessFlagsProtReadWrite;
-    status = check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess");
+    status = grant_peer_access(pool, config.device, peer);
   }
   if (status != ARCPOOL_STATUS_SUCCESS) {
     cudaMemPoolDestroy(pool);
@@ -534,6 +568,13 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
   }
   arm_exit_hook();  // after the runtime registered its own teardown, so ours runs first
 
+  if (config.pool_source != ARCPOOL_POOL_OWNED && !config.peer_devices.empty()) {
+    *status = fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                   "peer_devices apply to an owned pool (ARCPOOL_POOL_OWNED): arcpool does not "
+                   "change the access of device %d's own pools",
+                   config.device);
+    return nullptr;
+  }
   cudaMemPool_t pool = nullptr;
   switch (config.pool_source) {
     case ARCPOOL_POOL_OWNED:

@@ -253,6 +253,17 @@ void check_access(stream_obj& s, uint64_t seq, uintptr_t p, size_t bytes, bool h
     violation(format("use before allocation: %s is not ordered after %s", who.c_str(),
                      a->alloc_what.c_str()));
   }
+  // cudaMemPoolSetAccess "Controls visibility of pools between devices": a pool's memory is
+  // reached from its own device, and from another only once the pool granted that device
+  // access (the programming guide's stream-ordered allocator chapter: peer access enabled with
+  // cudaDeviceEnablePeerAccess does not extend to pools).
+  if (a->pool != nullptr && s.device != a->pool->device &&
+      std::find(a->pool->peers.begin(), a->pool->peers.end(), s.device) == a->pool->peers.end()) {
+    violation(
+        format("%s: device %d has no access to this memory of device %d's pool "
+               "(cudaMemPoolSetAccess)",
+               who.c_str(), s.device, a->pool->device));
+  }
   // Two writes of one allocation on different streams, neither ordered before the other, may
   // run at the same time: a data race (compute-sanitizer's racecheck finds it in shared memory
   // only; simcuda checks it for explicit writes: memsets and copy destinations).
@@ -855,6 +866,36 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t handle, size_t keep) {
   // completion has not been observed on the host (eg. by a synchronize) can count as
   // outstanding."
   trim(*pool, keep);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolGetAccess(cudaMemAccessFlags* flags, cudaMemPool_t handle,
+                                 cudaMemLocation* location) {
+  SIMCUDA_ENTER("cudaMemPoolGetAccess");
+  pool_obj* pool = resolve_pool(handle, "cudaMemPoolGetAccess");
+  if (pool == nullptr || flags == nullptr || location == nullptr ||
+      location->type != cudaMemLocationTypeDevice) {
+    return ret(cudaErrorInvalidValue);
+  }
+  if (device_at(location->id) == nullptr) return ret(cudaErrorInvalidDevice);
+  // "Returns the accessibility of the pool's memory from the specified location."
+  const bool granted =
+      location->id == pool->device ||
+      std::find(pool->peers.begin(), pool->peers.end(), location->id) != pool->peers.end();
+  *flags = granted ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  SIMCUDA_ENTER("cudaDeviceCanAccessPeer");
+  if (can == nullptr) return ret(cudaErrorInvalidValue);
+  if (device_at(device) == nullptr || device_at(peer) == nullptr) {
+    return ret(cudaErrorInvalidDevice);
+  }
+  // "Returns in *canAccessPeer a value of 1 if device device is capable of directly accessing
+  // memory from peerDevice and 0 otherwise." simcuda's devices all reach one another (as
+  // NVLink-connected GPUs do); a device and itself answer 0.
+  *can = device != peer ? 1 : 0;
   return cudaSuccess;
 }
 
