@@ -7,9 +7,12 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -240,6 +243,149 @@ TEST(Devices, PeersThatCannotBeGrantedAreRefused) {
   auto [borrowed, borrowed_message] = create({1}, ARCPOOL_POOL_DEVICE_DEFAULT);
   EXPECT_EQ(ARCPOOL_STATUS_INVALID_ARGUMENT, borrowed);
   EXPECT_NE(std::string::npos, borrowed_message.find("owned pool")) << borrowed_message;
+}
+
+/// The devices the stress needs: ARCPOOL_STRESS_DEVICES (the simcuda ctest entry
+/// devices_four_simcuda sets it with SIMCUDA_DEVICES=4, and then fewer devices fail), else 4.
+int stress_devices() {
+  const char* text = std::getenv("ARCPOOL_STRESS_DEVICES");
+  return text != nullptr && *text != '\0' ? std::atoi(text) : 4;
+}
+
+/// One allocation moving between threads: its device's allocator and the handle.
+struct handed_allocation {
+  int device;
+  arcpool_allocation_t* allocation;
+};
+
+// Sixteen threads on four devices: each allocates on a device it picks (seeded), from its own
+// stream of that device, after moving itself to another device the way applications call
+// cudaSetDevice; every call must leave the thread's device as it was. Half the allocations are
+// handed to other threads, which transfer or free them on their own stream of the allocation's
+// device. The operation sequence of each thread is reproducible from the seed; the
+// interleaving is not. Under TSan on simcuda in CI (the devices_four_simcuda entry).
+TEST(DevicesStress, SixteenThreadsMoveBetweenFourDevices) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  const int devices = stress_devices();
+  if (device_count() < devices) {
+    if (std::getenv("ARCPOOL_STRESS_DEVICES") != nullptr) {
+      FAIL() << "ARCPOOL_STRESS_DEVICES=" << devices << " but " << device_count() << " devices";
+    }
+    GTEST_SKIP() << "needs " << devices << " CUDA devices (SIMCUDA_DEVICES=4 on simcuda)";
+  }
+  constexpr int kThreads = 16;
+  constexpr int kIterations = 300;
+  const char* seed_text = std::getenv("ARCPOOL_TEST_SEED");
+  const uint64_t seed = seed_text != nullptr ? std::strtoull(seed_text, nullptr, 10) : 7;
+  std::printf("DevicesStress seed %llu (ARCPOOL_TEST_SEED)\n",
+              static_cast<unsigned long long>(seed));
+  std::vector<arcpool_allocator_t*> allocators(devices);
+  for (int d = 0; d < devices; ++d) {
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_CUDA;
+    options.device = d;
+    options.foreign_stream_routing = ARCPOOL_ROUTING_DEFERRED;
+    ASSERT_OK(arcpool_allocator_create(&options, &allocators[d]));
+  }
+  std::mutex handoff_mutex;
+  std::vector<handed_allocation> handoff;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(seed * 1000003 + t);
+      std::vector<arcpool_stream_t> mine(devices);
+      for (int d = 0; d < devices; ++d) {
+        if (arcpool_stream_create(allocators[d], &mine[d]) != ARCPOOL_STATUS_SUCCESS) {
+          ++failures;
+          return;
+        }
+      }
+      auto expect_device = [&](int expected, const char* after) {
+        int now = -1;
+        if (cudaGetDevice(&now) != cudaSuccess || now != expected) {
+          std::fprintf(stderr, "thread %d: device %d after %s, expected %d\n", t, now, after,
+                       expected);
+          ++failures;
+        }
+      };
+      auto free_one = [&](const handed_allocation& h, int here) {
+        const uint32_t flags = rng() % 2 == 0 ? ARCPOOL_DEALLOCATE_FLAG_DEFERRED : 0;
+        if (rng() % 3 == 0 &&
+            arcpool_transfer(h.allocation, mine[h.device]) != ARCPOOL_STATUS_SUCCESS) {
+          ++failures;
+        }
+        if (arcpool_deallocate_async(h.allocation, mine[h.device], flags) !=
+            ARCPOOL_STATUS_SUCCESS) {
+          ++failures;
+        }
+        arcpool_allocation_release(h.allocation);
+        expect_device(here, "a free");
+      };
+      std::vector<handed_allocation> kept;
+      int here = 0;
+      for (int i = 0; i < kIterations; ++i) {
+        here = static_cast<int>(rng() % devices);
+        if (cudaSetDevice(here) != cudaSuccess) ++failures;
+        const int d = static_cast<int>(rng() % devices);
+        const size_t bytes = size_t{256} << (rng() % 12);
+        arcpool_allocation_t* a = nullptr;
+        if (arcpool_allocate_async(allocators[d], bytes, 0, mine[d], 0, &a) !=
+            ARCPOOL_STATUS_SUCCESS) {
+          ++failures;
+          continue;
+        }
+        expect_device(here, "an allocation");
+        if (rng() % 2 == 0) {
+          std::lock_guard<std::mutex> lock(handoff_mutex);
+          handoff.push_back({d, a});
+        } else {
+          kept.push_back({d, a});
+        }
+        handed_allocation taken{-1, nullptr};
+        {
+          std::lock_guard<std::mutex> lock(handoff_mutex);
+          if (!handoff.empty() && rng() % 2 == 0) {
+            taken = handoff.back();
+            handoff.pop_back();
+          }
+        }
+        if (taken.allocation != nullptr) free_one(taken, here);
+        if (kept.size() > 8) {
+          free_one(kept.front(), here);
+          kept.erase(kept.begin());
+        }
+      }
+      for (const handed_allocation& h : kept)
+        free_one(h, here);
+      for (int d = 0; d < devices; ++d) {
+        if (arcpool_stream_synchronize(allocators[d], mine[d]) != ARCPOOL_STATUS_SUCCESS ||
+            arcpool_stream_destroy(allocators[d], mine[d]) != ARCPOOL_STATUS_SUCCESS) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  for (const handed_allocation& h : handoff) {
+    EXPECT_OK(arcpool_deallocate_async(h.allocation, nullptr, 0));
+    arcpool_allocation_release(h.allocation);
+  }
+  EXPECT_EQ(0, failures.load());
+  for (int d = 0; d < devices; ++d) {
+    ASSERT_OK(arcpool_allocator_trim(allocators[d], 0));
+    arcpool_stats_t st{};
+    st.struct_size = sizeof(st);
+    st.version = ARCPOOL_STATS_VERSION;
+    ASSERT_OK(arcpool_stats_get(allocators[d], &st));
+    EXPECT_EQ(0u, st.bytes_in_use_current) << "device " << d;
+    EXPECT_EQ(0u, st.bytes_held_current) << "device " << d;
+    EXPECT_EQ(st.allocations, st.deallocations) << "device " << d;
+    arcpool_allocator_destroy(allocators[d]);
+  }
+  EXPECT_EQ("", take_simcuda_violations());
 }
 
 }  // namespace
