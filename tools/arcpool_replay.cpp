@@ -4,7 +4,11 @@
 // reserved and their ratios. arcpool's own logs (arcpool_allocator_log_open) replay too.
 //
 //   arcpool-replay [--driver auto|cuda|host|null] [--capacity BYTES] [--json FILE]
-//                  [--series FILE] TRACE...
+//                  [--series FILE | --devices] TRACE...
+//
+// --devices: the traces are one multi-device run, one file per device (RMM logs one device per
+// file): trace i replays on device i's allocator (cache on), all at once, each on a thread of
+// its own, and the report gives each device's peaks.
 //
 // --series FILE (one trace): after every event of the arcpool replay (cache on), the bytes in
 // use per trace stream and arcpool's bytes in use, held and cached, as JSON for
@@ -22,6 +26,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -134,10 +139,12 @@ struct series {
   std::vector<uint64_t> in_use, held, cached;        // arcpool_stats_t's _current, per event
 };
 
-arcpool_allocator_t* make(arcpool_driver_kind_t driver, size_t capacity, bool cache) {
+arcpool_allocator_t* make(arcpool_driver_kind_t driver, size_t capacity, bool cache,
+                          int device = 0) {
   arcpool_allocator_options_t o;
   arcpool_allocator_options_init(&o);
   o.driver = driver;
+  o.device = device;
   o.host_capacity_bytes = capacity;
   o.host_reserve_only = 1;
   if (!cache) o.stream_cache_bytes = 0;
@@ -183,12 +190,13 @@ void sample(arcpool_allocator_t* a, double time, const std::vector<uint64_t>& in
   out->cached.push_back(st.bytes_cached_current);
 }
 
-/// Replays `t` through arcpool; with `out`, samples the state after every event.
+/// Replays `t` through arcpool, on `device`'s allocator; with `out`, samples the state after
+/// every event. `show_progress` false: no progress line (replays running side by side).
 result replay_arcpool(const trace& t, arcpool_driver_kind_t driver, size_t capacity, bool cache,
-                      series* out = nullptr) {
+                      series* out = nullptr, int device = 0, bool show_progress = true) {
   result r;
   r.mode = cache ? "arcpool" : "arcpool (cache off)";
-  arcpool_allocator_t* a = make(driver, capacity, cache);
+  arcpool_allocator_t* a = make(driver, capacity, cache, device);
   auto streams = make_streams(a, t);
   struct held {
     arcpool_allocation_t* handle;
@@ -211,7 +219,7 @@ result replay_arcpool(const trace& t, arcpool_driver_kind_t driver, size_t capac
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < t.events.size(); ++i) {
     const event& e = t.events[i];
-    if (i % kProgressEvery == 0) line.update(i, double(i) / t.events.size());
+    if (show_progress && i % kProgressEvery == 0) line.update(i, double(i) / t.events.size());
     arcpool_stream_t s = streams[e.stream];
     if (e.allocate) {
       arcpool_allocation_t* h = nullptr;
@@ -348,6 +356,48 @@ bool write_series(const char* path, const trace& t, arcpool_driver_kind_t driver
   return std::fclose(f) == 0;
 }
 
+/// --devices: trace i on device i, all at once; prints (and writes to `out`) each device's
+/// peaks. Returns 1 when an allocation failed.
+int replay_devices(const std::vector<const char*>& paths, arcpool_driver_kind_t driver,
+                   size_t capacity, FILE* out) {
+  std::vector<trace> traces(paths.size());
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (!load(paths[i], &traces[i])) return 1;
+  }
+  std::vector<result> results(paths.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = replay_arcpool(traces[i], driver, capacity, /*cache=*/true, nullptr,
+                                  static_cast<int>(i), /*show_progress=*/false);
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  std::printf("\n%-8s %-28s %9s %18s %18s %18s %9s\n", "device", "trace", "events", "peak live",
+              "peak in use", "peak reserved", "failures");
+  if (out != nullptr) std::fprintf(out, "\"devices\": [");
+  int failed = 0;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const trace& t = traces[i];
+    const result& r = results[i];
+    std::printf("%-8zu %-28s %9zu %18" PRIu64 " %18" PRIu64 " %18" PRIu64 " %9" PRIu64 "\n", i,
+                t.name.c_str(), t.events.size(), t.peak_live, r.peak_in_use, r.peak_reserved,
+                r.failures);
+    if (out != nullptr) {
+      std::fprintf(out,
+                   "%s{\"device\": %zu, \"trace\": \"%s\", \"events\": %zu, \"peak_live\": %" PRIu64
+                   ", \"peak_in_use\": %" PRIu64 ", \"peak_reserved\": %" PRIu64
+                   ", \"failures\": %" PRIu64 "}",
+                   i ? ", " : "", i, t.name.c_str(), t.events.size(), t.peak_live, r.peak_in_use,
+                   r.peak_reserved, r.failures);
+    }
+    if (r.failures != 0) failed = 1;
+  }
+  if (out != nullptr) std::fprintf(out, "]");
+  return failed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -355,6 +405,7 @@ int main(int argc, char** argv) {
   size_t capacity = size_t{64} << 30;
   const char* json = nullptr;
   const char* series_path = nullptr;
+  bool devices = false;
   std::vector<const char*> paths;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -370,18 +421,24 @@ int main(int argc, char** argv) {
       json = argv[++i];
     } else if (a == "--series" && i + 1 < argc) {
       series_path = argv[++i];
+    } else if (a == "--devices") {
+      devices = true;
     } else if (!a.empty() && a[0] != '-') {
       paths.push_back(argv[i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--driver auto|cuda|host|null] [--capacity BYTES] [--json FILE] "
-                   "[--series FILE] TRACE.csv...\n",
+                   "[--series FILE | --devices] TRACE.csv...\n",
                    argv[0]);
       return 2;
     }
   }
   if (paths.empty()) {
     std::fprintf(stderr, "arcpool-replay: no trace given\n");
+    return 2;
+  }
+  if (series_path != nullptr && devices) {
+    std::fprintf(stderr, "arcpool-replay: --series and --devices do not go together\n");
     return 2;
   }
   if (series_path != nullptr && paths.size() != 1) {
@@ -396,6 +453,15 @@ int main(int argc, char** argv) {
   }
   std::printf("arcpool-replay: %s driver\n", arcpool_driver_name(driver));
   FILE* out = json != nullptr ? std::fopen(json, "w") : nullptr;
+  if (devices) {
+    if (out != nullptr) std::fprintf(out, "{\"driver\": \"%s\", ", arcpool_driver_name(driver));
+    const int status = replay_devices(paths, driver, capacity, out);
+    if (out != nullptr) {
+      std::fprintf(out, "}\n");
+      std::fclose(out);
+    }
+    return status;
+  }
   if (out != nullptr)
     std::fprintf(out, "{\"driver\": \"%s\", \"traces\": [", arcpool_driver_name(driver));
   int failed = 0;
