@@ -6,6 +6,7 @@
     arcpool.dump_snapshot()   # its memory snapshot for PyTorch's memory_viz (ARCPOOL_HISTORY=N)
     arcpool.torch.install()   # PyTorch's allocator (before the first CUDA tensor)
     arcpool.cupy.install()    # CuPy's allocator
+    arcpool.rmm.install()     # RMM's resource for device 0 (rmm.mr.CallbackMemoryResource)
 
 Bindings are ctypes over libarcpool (no compiled extension); ARCPOOL_LIBRARY_DIR names the
 folder holding libarcpool.so.0 if it is not found next to the package or in a build tree.
@@ -122,8 +123,8 @@ def dump_snapshot(filename="dump_snapshot.pickle", device=0):
         f.write(data)
 
 
-def __getattr__(name):  # arcpool.torch / arcpool.cupy load lazily: importing them needs torch/cupy
-    if name in ("torch", "cupy"):
+def __getattr__(name):  # arcpool.torch / .cupy / .rmm load lazily: they need torch / cupy / rmm
+    if name in ("torch", "cupy", "rmm"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)

@@ -1,0 +1,52 @@
+"""arcpool as an RMM memory resource, for RAPIDS and anything that allocates through RMM.
+
+    import arcpool.rmm
+    mr = arcpool.rmm.memory_resource(device=0)   # an rmm.mr.CallbackMemoryResource
+    buffer = rmm.DeviceBuffer(size=1 << 20, mr=mr)
+    arcpool.rmm.install(device=0)                # rmm.mr.set_per_device_resource
+
+The resource calls arcpool's by-pointer functions (arcpool_malloc_async / arcpool_free_async,
+device's default allocator) on the stream RMM passes, read through the CUDA stream protocol
+(`Stream.__cuda_stream__()`). Each allocation and free runs a Python function: RMM documents
+CallbackMemoryResource as slow, so this suits RMM-based tools and tests more than hot loops; C++
+code hands `arcpool::memory_resource` to RMM directly (include/arcpool/resource.hpp).
+"""
+import ctypes
+
+from . import _lib
+
+
+def _stream_handle(stream):
+    """The cudaStream_t of an rmm Stream (0: the legacy default stream)."""
+    return stream.__cuda_stream__()[1] if stream is not None else 0
+
+
+def memory_resource(device=0):
+    """An rmm.mr.CallbackMemoryResource that allocates from `device`'s default arcpool allocator,
+    stream-ordered on the stream of each call. A failed allocation raises MemoryError with
+    arcpool's reason."""
+    import rmm.mr
+
+    def allocate(size, stream):
+        pointer = _lib.lib.arcpool_malloc_async(size, device,
+                                                ctypes.c_void_p(_stream_handle(stream)))
+        if not pointer:
+            raise MemoryError(f"arcpool: {_lib.lib.arcpool_last_error().decode()}")
+        return pointer
+
+    def deallocate(pointer, size, stream):
+        _lib.check(_lib.lib.arcpool_free_async(ctypes.c_void_p(pointer), size, device,
+                                               ctypes.c_void_p(_stream_handle(stream))),
+                   "arcpool_free_async")
+
+    return rmm.mr.CallbackMemoryResource(allocate, deallocate)
+
+
+def install(device=0):
+    """Makes memory_resource(device) RMM's resource for `device`
+    (rmm.mr.set_per_device_resource) and returns it."""
+    import rmm.mr
+
+    mr = memory_resource(device)
+    rmm.mr.set_per_device_resource(device, mr)
+    return mr
