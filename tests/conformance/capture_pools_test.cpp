@@ -293,17 +293,6 @@ TEST_F(Devices, ContextsAreCreatedBySetDeviceNotByGetDevice) {
   cudaGetLastError();
 }
 
-/// A driver API entry point reached through the runtime (as arcpool reaches them).
-template <class Fn>
-Fn driver_function(const char* symbol) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  EXPECT_EQ(cudaSuccess,
-            cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found));
-  EXPECT_EQ(cudaDriverEntryPointSuccess, found) << symbol;
-  return reinterpret_cast<Fn>(fn);
-}
-
 // Runtime API, "Interactions with the CUDA Driver API": "CUDA Runtime API calls operate on the
 // CUDA Driver API CUcontext which is current to the calling host thread"; cudaSetDevice makes
 // the device's primary context current "by calling cuCtxSetCurrent()"; "If no CUcontext is

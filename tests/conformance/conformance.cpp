@@ -11,18 +11,18 @@ namespace {
 
 using value_fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-value_fn entry_point(const char* symbol) {
+constexpr int kWords = 256;
+
+}  // namespace
+
+void* driver_entry_point(const char* symbol) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   EXPECT_EQ(cudaSuccess,
             cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found));
   EXPECT_EQ(cudaDriverEntryPointSuccess, found) << symbol;
-  return reinterpret_cast<value_fn>(fn);
+  return found == cudaDriverEntryPointSuccess ? fn : nullptr;
 }
-
-constexpr int kWords = 256;
-
-}  // namespace
 
 bool gpu_required() {
   const char* env = std::getenv("ARCPOOL_REQUIRE_GPU");
@@ -58,7 +58,7 @@ words::~words() {
 }
 
 void words::gate(cudaStream_t s, int i) {
-  static const value_fn wait = entry_point("cuStreamWaitValue32");
+  static const value_fn wait = driver_function<value_fn>("cuStreamWaitValue32");
   ASSERT_NE(nullptr, wait);
   ASSERT_EQ(CUDA_SUCCESS, wait(reinterpret_cast<CUstream>(s), device_ + i * sizeof(uint32_t), 1,
                                CU_STREAM_WAIT_VALUE_GEQ));
@@ -69,7 +69,7 @@ void words::open(int i) {
 }
 
 void words::mark(cudaStream_t s, int i) {
-  static const value_fn write = entry_point("cuStreamWriteValue32");
+  static const value_fn write = driver_function<value_fn>("cuStreamWriteValue32");
   ASSERT_NE(nullptr, write);
   ASSERT_EQ(CUDA_SUCCESS, write(reinterpret_cast<CUstream>(s), device_ + i * sizeof(uint32_t), 1,
                                 CU_STREAM_WRITE_VALUE_DEFAULT));

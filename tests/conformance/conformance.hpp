@@ -32,6 +32,13 @@ namespace conformance {
 
 bool gpu_required();
 std::string no_device_reason();
+/// A driver API function reached through the runtime (cudaGetDriverEntryPointByVersion, as
+/// arcpool reaches them), cast to `Fn`; a test failure and null when it is not found.
+void* driver_entry_point(const char* symbol);
+template <class Fn>
+Fn driver_function(const char* symbol) {
+  return reinterpret_cast<Fn>(driver_entry_point(symbol));
+}
 using arcpool::test::on_simcuda;
 using arcpool::test::simcuda_calls;
 using arcpool::test::simcuda_hidden_waits;
