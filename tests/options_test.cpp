@@ -37,6 +37,14 @@ arcpool_allocator_options_t defaults() {
   return o;
 }
 
+/// A host-driver allocator made from `o` (its driver set to the host's) and a stream of it.
+void host_allocator_and_stream(arcpool_allocator_options_t o, arcpool_allocator_t** a,
+                               arcpool_stream_t* s) {
+  o.driver = ARCPOOL_DRIVER_HOST;
+  ASSERT_OK(arcpool_allocator_create(&o, a));
+  ASSERT_OK(arcpool_stream_create(*a, s));
+}
+
 TEST(Options, DefaultsAreTheDocumentedOnes) {
   const auto o = defaults();
   EXPECT_EQ(sizeof(o), o.struct_size);
@@ -122,12 +130,9 @@ TEST(Options, RequestingCudaWithoutAGpuIsNoDeviceWithTheReason) {
 }
 
 TEST(VersionedStructs, AnOlderSmallerStatsStructGetsItsPrefix) {
-  auto o = defaults();
-  o.driver = ARCPOOL_DRIVER_HOST;
   arcpool_allocator_t* a = nullptr;
-  ASSERT_OK(arcpool_allocator_create(&o, &a));
   arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
+  ASSERT_NO_FATAL_FAILURE(host_allocator_and_stream(defaults(), &a, &s));
   arcpool_allocation_t* h = nullptr;
   ASSERT_OK(arcpool_allocate_async(a, 4096, 0, s, 0, &h));
   // A caller built against a header whose struct ended after bytes_in_use_peak.
@@ -160,12 +165,10 @@ TEST(VersionedStructs, AnOlderSmallerStatsStructGetsItsPrefix) {
 
 TEST(Stats, ResetPeaksRestartsEveryHighWaterMarkThePoolsIncluded) {
   auto o = defaults();
-  o.driver = ARCPOOL_DRIVER_HOST;
   o.stream_cache_bytes = 0;
   arcpool_allocator_t* a = nullptr;
-  ASSERT_OK(arcpool_allocator_create(&o, &a));
   arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
+  ASSERT_NO_FATAL_FAILURE(host_allocator_and_stream(o, &a, &s));
   constexpr size_t kBytes = 4 << 20;  // above every gauge's batch
   arcpool_allocation_t* h = nullptr;
   ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
@@ -190,12 +193,9 @@ TEST(Stats, ResetPeaksRestartsEveryHighWaterMarkThePoolsIncluded) {
 // bytes_in_use peak (the count's batch of 64 never flushed). The count is flushed with the
 // bytes, so the count peak accounts for the byte peak.
 TEST(Stats, TheAllocationCountPeakIsTakenWithTheBytePeak) {
-  auto o = defaults();
-  o.driver = ARCPOOL_DRIVER_HOST;
   arcpool_allocator_t* a = nullptr;
-  ASSERT_OK(arcpool_allocator_create(&o, &a));
   arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
+  ASSERT_NO_FATAL_FAILURE(host_allocator_and_stream(defaults(), &a, &s));
   constexpr size_t kBytes = 1 << 20;  // one byte batch: every second allocation flushes
   constexpr int kLive = 20;           // far below the count's batch of 64
   std::vector<arcpool_allocation_t*> live(kLive);
