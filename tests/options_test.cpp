@@ -246,7 +246,7 @@ TEST(Stats, ResetPeaksRestartsTheCudaPoolsHighWaterMarkAtItsReservation) {
 }
 
 TEST(VersionedStructs, StatusStringsNameEveryStatus) {
-  for (int s = ARCPOOL_STATUS_SUCCESS; s <= ARCPOOL_STATUS_NO_DEVICE; ++s) {
+  for (int s = ARCPOOL_STATUS_SUCCESS; s <= ARCPOOL_STATUS_PEER_GONE; ++s) {
     EXPECT_STRNE("ARCPOOL_STATUS_(unknown)",
                  arcpool_status_string(static_cast<arcpool_status_t>(s)));
   }

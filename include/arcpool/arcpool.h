@@ -85,7 +85,10 @@ typedef enum arcpool_status_t {
   /** Called from inside stream-ordered host work, where driver calls are forbidden. */
   ARCPOOL_STATUS_NOT_PERMITTED = 8,
   /** The requested driver has no usable device (e.g. ARCPOOL_DRIVER_CUDA without a GPU). */
-  ARCPOOL_STATUS_NO_DEVICE = 9
+  ARCPOOL_STATUS_NO_DEVICE = 9,
+  /** The other process of an IPC connection is gone: it exited, was killed or closed its
+   * side (arcpool/ipc.h). */
+  ARCPOOL_STATUS_PEER_GONE = 10
 } arcpool_status_t;
 
 /** Returns a static string naming `status` ("ARCPOOL_STATUS_NOT_OWNER", ...). Thread-safe;
@@ -880,5 +883,7 @@ ARCPOOL_API arcpool_status_t arcpool_memory_snapshot(const arcpool_allocator_t* 
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+#include "arcpool/ipc.h"
 
 #endif /* ARCPOOL_ARCPOOL_H_ */

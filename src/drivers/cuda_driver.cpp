@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <new>
 
 #include "drivers/driver.hpp"
@@ -136,8 +137,12 @@ cudaEvent_t cu(event_handle e) {
 
 class cuda_driver final : public driver {
  public:
-  cuda_driver(int device, CUcontext primary, cudaMemPool_t pool, bool owned)
-      : device_(device), primary_(primary), pool_(pool), owned_(owned) {}
+  cuda_driver(int device, CUcontext primary, cudaMemPool_t pool, bool owned, uint32_t handle_types)
+      : device_(device),
+        primary_(primary),
+        pool_(pool),
+        owned_(owned),
+        handle_types_(handle_types) {}
 
   ~cuda_driver() override {
     if (owned_ && !process_exiting()) {
@@ -415,6 +420,109 @@ class cuda_driver final : public driver {
     return check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 
+  arcpool_status_t pool_export_fd(int* out) override {
+    // cudaMemPoolExportToShareableHandle: "To create an IPC capable mempool, create a mempool
+    // with a CUmemAllocationHandleType other than cudaMemHandleTypeNone." A device's own pools
+    // are not: arcpool refuses them before CUDA does.
+    if (!owned_) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  "device %d's default (or current) pool cannot be exported: create the "
+                  "allocator with an owned pool (ARCPOOL_POOL_OWNED) and ipc_handle_types "
+                  "including cudaMemHandleTypePosixFileDescriptor",
+                  device_);
+    }
+    if ((handle_types_ & cudaMemHandleTypePosixFileDescriptor) == 0) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  "device %d's pool was created with IPC handle types 0x%x, without "
+                  "cudaMemHandleTypePosixFileDescriptor (0x%x): it cannot be exported",
+                  device_, handle_types_,
+                  static_cast<unsigned>(cudaMemHandleTypePosixFileDescriptor));
+    }
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
+    return check(
+        cudaMemPoolExportToShareableHandle(out, pool_, cudaMemHandleTypePosixFileDescriptor, 0),
+        "cudaMemPoolExportToShareableHandle");
+  }
+
+  arcpool_status_t pool_export_pointer(void* p, ipc_pointer_data* out) override {
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
+    cudaMemPoolPtrExportData data{};
+    ARCPOOL_RETURN_IF_ERROR(check(cudaMemPoolExportPointer(&data, p), "cudaMemPoolExportPointer"));
+    static_assert(sizeof data == sizeof out->bytes, "cudaMemPoolPtrExportData is 64 bytes");
+    std::memcpy(out->bytes, &data, sizeof data);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t ipc_event_create(event_handle* out, ipc_event_data* data) override {
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
+    // cudaIpcGetEventHandle: the event "must have been created with the cudaEventInterprocess
+    // and cudaEventDisableTiming flags set".
+    cudaEvent_t e = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(
+        check(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming),
+              "cudaEventCreateWithFlags(Interprocess)"));
+    cudaIpcEventHandle_t handle{};
+    if (arcpool_status_t status = check(cudaIpcGetEventHandle(&handle, e), "cudaIpcGetEventHandle");
+        status != ARCPOOL_STATUS_SUCCESS) {
+      cudaEventDestroy(e);
+      return status;
+    }
+    static_assert(sizeof handle == sizeof data->bytes, "cudaIpcEventHandle_t is 64 bytes");
+    std::memcpy(data->bytes, &handle, sizeof handle);
+    *out = e;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t ipc_event_open(const ipc_event_data& data, event_handle* out) override {
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
+    cudaIpcEventHandle_t handle{};
+    std::memcpy(&handle, data.bytes, sizeof handle);
+    cudaEvent_t e = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(check(cudaIpcOpenEventHandle(&e, handle), "cudaIpcOpenEventHandle"));
+    *out = e;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  arcpool_status_t pool_import_fd(int fd, imported_pool* out) override {
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
+    cudaMemPool_t pool = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(
+        check(cudaMemPoolImportFromShareableHandle(&pool, reinterpret_cast<void*>(intptr_t{fd}),
+                                                   cudaMemHandleTypePosixFileDescriptor, 0),
+              "cudaMemPoolImportFromShareableHandle"));
+    *out = pool;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  void imported_pool_destroy(imported_pool pool) noexcept override {
+    if (process_exiting()) return;
+    device_guard guard(device_, primary_);
+    if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // the pool goes with the process
+    cudaMemPoolDestroy(static_cast<cudaMemPool_t>(pool));
+  }
+
+  arcpool_status_t import_pointer(imported_pool pool, const ipc_pointer_data& data,
+                                  void** out) override {
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
+    cudaMemPoolPtrExportData export_data{};
+    std::memcpy(&export_data, data.bytes, sizeof export_data);
+    return check(cudaMemPoolImportPointer(out, static_cast<cudaMemPool_t>(pool), &export_data),
+                 "cudaMemPoolImportPointer");
+  }
+
+  arcpool_status_t imported_free(void* p, stream_handle s) override {
+    if (process_exiting()) return ARCPOOL_STATUS_SUCCESS;  // the process gives it all back
+    device_guard guard(device_, primary_);
+    ARCPOOL_RETURN_IF_ERROR(guard.status());
+    return check(cudaFreeAsync(p, cu(s)), "cudaFreeAsync (imported)");
+  }
+
   void enter_reclaim_thread() noexcept override {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
@@ -426,6 +534,7 @@ class cuda_driver final : public driver {
   const CUcontext primary_;  ///< the device's primary context
   const cudaMemPool_t pool_;
   const bool owned_;
+  const uint32_t handle_types_;  ///< the owned pool's IPC handle types
 };
 
 arcpool_status_t set_pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, int value,
@@ -590,7 +699,8 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
   }
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
   return std::make_unique<cuda_driver>(config.device, primary, pool,
-                                       config.pool_source == ARCPOOL_POOL_OWNED);
+                                       config.pool_source == ARCPOOL_POOL_OWNED,
+                                       config.ipc_handle_types);
 }
 
 }  // namespace arcpool::detail

@@ -17,6 +17,53 @@ arcpool_status_t driver::graph_defer(void* graph, arcpool_host_fn_t fn, void* us
   return fail(ARCPOOL_STATUS_UNSUPPORTED, "graph %p: this driver captures no graphs", graph);
 }
 
+namespace {
+
+arcpool_status_t no_ipc(const driver& d, const char* what) {
+  return fail(ARCPOOL_STATUS_UNSUPPORTED,
+              "%s: the %s driver shares no memory between processes (the CUDA driver does: "
+              "design.md §14)",
+              what, arcpool_driver_name(d.kind()));
+}
+
+}  // namespace
+
+arcpool_status_t driver::pool_export_fd(int* out) {
+  (void)out;
+  return no_ipc(*this, "pool export");
+}
+
+arcpool_status_t driver::pool_export_pointer(void* p, ipc_pointer_data* out) {
+  (void)p, (void)out;
+  return no_ipc(*this, "pointer export");
+}
+
+arcpool_status_t driver::ipc_event_create(event_handle* out, ipc_event_data* data) {
+  (void)out, (void)data;
+  return no_ipc(*this, "interprocess event");
+}
+
+arcpool_status_t driver::ipc_event_open(const ipc_event_data& data, event_handle* out) {
+  (void)data, (void)out;
+  return no_ipc(*this, "interprocess event");
+}
+
+arcpool_status_t driver::pool_import_fd(int fd, imported_pool* out) {
+  (void)fd, (void)out;
+  return no_ipc(*this, "pool import");
+}
+
+arcpool_status_t driver::import_pointer(imported_pool pool, const ipc_pointer_data& data,
+                                        void** out) {
+  (void)pool, (void)data, (void)out;
+  return no_ipc(*this, "pointer import");
+}
+
+arcpool_status_t driver::imported_free(void* p, stream_handle s) {
+  (void)p, (void)s;
+  return no_ipc(*this, "imported free");
+}
+
 arcpool_driver_kind_t resolve_auto_driver(int device) {
   if (const char* env = std::getenv("ARCPOOL_DRIVER"); env != nullptr && *env != '\0') {
     if (std::strcmp(env, "cuda") == 0) return ARCPOOL_DRIVER_CUDA;

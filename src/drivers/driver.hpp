@@ -40,6 +40,18 @@ struct capture_info {
   void* graph = nullptr;  ///< the graph being captured into (a cudaGraph_t)
 };
 
+/// What names one allocation of an exported pool to another process
+/// (cudaMemPoolPtrExportData: "not a handle and may be shared through any IPC mechanism").
+struct ipc_pointer_data {
+  unsigned char bytes[64];
+};
+/// What names an interprocess event to another process (cudaIpcEventHandle_t).
+struct ipc_event_data {
+  char bytes[64];
+};
+/// A pool imported from another process (a cudaMemPool_t that cannot allocate).
+using imported_pool = void*;
+
 /// The options of an allocator that concern its driver.
 struct driver_config {
   int device = 0;
@@ -135,6 +147,28 @@ class driver {
   virtual arcpool_status_t device_memory(size_t* out) = 0;
   /// Blocks until all work on the device has completed (host driver: every host stream).
   virtual arcpool_status_t device_synchronize() = 0;
+
+  // --- Processes (design.md §14; the CUDA driver only, the others answer UNSUPPORTED) ----
+  /// A file descriptor that shares this driver's pool with another process
+  /// (cudaMemPoolExportToShareableHandle). INVALID_ARGUMENT unless the pool is owned and was
+  /// created with the POSIX file descriptor handle type. The caller closes it.
+  virtual arcpool_status_t pool_export_fd(int* out);
+  /// The data that names `p` (a pointer this driver's pool handed out) to an importer.
+  virtual arcpool_status_t pool_export_pointer(void* p, ipc_pointer_data* out);
+  /// An interprocess event (cudaEventInterprocess | cudaEventDisableTiming) and its handle.
+  /// Destroyed with event_destroy.
+  virtual arcpool_status_t ipc_event_create(event_handle* out, ipc_event_data* data);
+  /// Opens another process's interprocess event; destroyed with event_destroy.
+  virtual arcpool_status_t ipc_event_open(const ipc_event_data& data, event_handle* out);
+  /// Imports another process's pool from `fd` (which the caller still closes).
+  virtual arcpool_status_t pool_import_fd(int fd, imported_pool* out);
+  /// Destroys an imported pool.
+  virtual void imported_pool_destroy(imported_pool pool) noexcept { (void)pool; }
+  /// Imports one allocation of `pool` (cudaMemPoolImportPointer).
+  virtual arcpool_status_t import_pointer(imported_pool pool, const ipc_pointer_data& data,
+                                          void** out);
+  /// Frees an imported pointer in stream order on `s` (cudaFreeAsync).
+  virtual arcpool_status_t imported_free(void* p, stream_handle s);
 
   // --- Threads ---------------------------------------------------------------------------
   /// Prepares the calling thread to be arcpool's reclaim worker (CUDA: relaxed capture mode,

@@ -54,6 +54,8 @@ const char* arcpool_status_string(arcpool_status_t status) {
       return "ARCPOOL_STATUS_NOT_PERMITTED";
     case ARCPOOL_STATUS_NO_DEVICE:
       return "ARCPOOL_STATUS_NO_DEVICE";
+    case ARCPOOL_STATUS_PEER_GONE:
+      return "ARCPOOL_STATUS_PEER_GONE";
   }
   return "ARCPOOL_STATUS_(unknown)";
 }

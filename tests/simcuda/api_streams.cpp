@@ -1,4 +1,6 @@
 // Runtime entry points for streams, events, host functions and stream capture.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -303,6 +305,7 @@ cudaError_t event_record(cudaEvent_t ev, cudaStream_t handle, bool ptds) {
   // event."
   auto o = std::make_unique<op>();
   o->what = "cudaEventRecord";
+  if (e->shared != nullptr) ipc_event_record(*e, *o);
   const uint64_t seq = enqueue(*s, std::move(o));
   e->recorded = true;
   e->captured = nullptr;
@@ -317,6 +320,7 @@ cudaError_t stream_wait_event(cudaStream_t handle, cudaEvent_t ev, unsigned flag
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
   event_obj* e = resolve_event(ev, "cudaStreamWaitEvent");
   if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (e->opened) return ret(ipc_event_wait(*s, *e));
   if (e->captured != nullptr && !e->captured->ended) {
     capture_obj* c = e->captured;
     if (s->capture != nullptr && s->capture != c) {
@@ -483,6 +487,12 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
   auto e = std::make_unique<event_obj>();
   e->handle = new_handle();
   e->flags = flags;
+  if ((flags & cudaEventInterprocess) != 0) {
+    if (cudaError_t err = ipc_event_init(*e); err != cudaSuccess) {
+      if (e->shared_fd >= 0) close(e->shared_fd);
+      return ret(err);
+    }
+  }
   *out = reinterpret_cast<cudaEvent_t>(e->handle);
   r.events.emplace(e->handle, std::move(e));
   return cudaSuccess;
@@ -501,6 +511,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev) {
   // associated with event will be released automatically once the device has completed
   // event." Waits already enqueued hold the record's place, not the event.
   e->destroyed = true;
+  if (e->shared_fd >= 0) close(e->shared_fd);  // other processes can no longer open it
+  e->shared_fd = -1;
   return cudaSuccess;
 }
 
@@ -515,6 +527,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
   SIMCUDA_ENTER("cudaEventQuery");
   event_obj* e = resolve_event(ev, "cudaEventQuery");
   if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (e->opened) return ret(ipc_event_query(*e));
   // driver_types.h, cudaErrorCapturedEvent: "The operation is not permitted on an event which
   // was last recorded in a capturing stream."
   if (e->captured != nullptr && !e->captured->ended) return ret(cudaErrorCapturedEvent);
@@ -534,6 +547,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   SIMCUDA_ENTER("cudaEventSynchronize");
   event_obj* e = resolve_event(ev, "cudaEventSynchronize");
   if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  if (e->opened) {
+    ipc_event_synchronize(lock, *e);
+    return cudaSuccess;
+  }
   if (e->captured != nullptr && !e->captured->ended) return ret(cudaErrorCapturedEvent);
   check_unsafe_unverified("cudaEventSynchronize");
   if (!e->recorded || e->captured != nullptr) return cudaSuccess;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -207,12 +208,15 @@ cudaError_t pool_allocate(pool_obj& pool, size_t bytes, stream_obj& s, const cha
 }  // namespace
 
 bool is_device_address(uintptr_t p) {
-  return device_of(p) != nullptr;
+  return device_of(p) != nullptr || import_region_of(p) != nullptr;
 }
 
 void* alias_of(uintptr_t p) {
-  device_obj* d = device_of(p);
-  return reinterpret_cast<void*>(d == nullptr ? p : d->alias + (p - d->base));
+  if (device_obj* d = device_of(p)) return reinterpret_cast<void*>(d->alias + (p - d->base));
+  if (const import_region* region = import_region_of(p)) {
+    return reinterpret_cast<void*>(region->alias + (p - region->base));
+  }
+  return reinterpret_cast<void*>(p);
 }
 
 allocation* find_live(uintptr_t p, size_t bytes) {
@@ -289,7 +293,7 @@ void apply_release_thresholds(device_obj& d) {
 void init_device_memory(device_obj& d) {
   const std::string name = format("simcuda-device-%d", d.ordinal);
   d.fd = memfd_create(name.c_str(), MFD_CLOEXEC);
-  if (d.fd < 0 || ftruncate(d.fd, static_cast<off_t>(d.capacity)) != 0) {
+  if (d.fd < 0 || ftruncate(d.fd, static_cast<off_t>(d.capacity + ipc_table_bytes())) != 0) {
     std::perror("simcuda: memfd for device memory");
     std::abort();
   }
@@ -304,6 +308,7 @@ void init_device_memory(device_obj& d) {
   }
   d.base = reinterpret_cast<uintptr_t>(base);
   d.alias = reinterpret_cast<uintptr_t>(alias);
+  init_ipc_table(d);
   d.free_ranges.emplace(0, d.capacity);
   d.default_pool = make_pool(d);
   d.default_pool->is_default = true;
@@ -341,16 +346,28 @@ void stream_free(allocation& a, stream_obj& s, const char* call) {
   pool_obj* pool = a.pool;
   const uintptr_t base = a.base;
   const size_t bytes = a.bytes;
+  const std::string who = format("%s on %s", call, s.name().c_str());
+  if (pool->imported) {
+    // An import is freed in the importing process: the memory stays the exporter's.
+    if (const long us = r.cfg.import_free_delay_us; us > 0) {  // a slow importing process
+      o->run = [us] { std::this_thread::sleep_for(std::chrono::microseconds(us)); };
+    }
+    o->complete = [pool, base] { release_import(*pool, base); };
+    const uint64_t seq = enqueue(s, std::move(o));
+    check_and_retire(a, s, seq, who);
+    return;
+  }
   const uint64_t order = ++r.free_order;
-  o->complete = [pool, base, order, bytes] {
+  o->complete = [pool, base, order, bytes, who] {
     for (free_block& b : pool->free_blocks)
       if (b.base == base && b.order == order) b.done = true;
     pool->used -= bytes;
+    if (pool->handle_types != 0) check_no_live_imports(*rt().devices[pool->device], base, who);
   };
   const uint64_t seq = enqueue(s, std::move(o));
   chunk_of(*pool, base)->live--;
   pool->free_blocks.push_back({base, bytes, &s, seq, false, order});
-  check_and_retire(a, s, seq, format("%s on %s", call, s.name().c_str()));
+  check_and_retire(a, s, seq, who);
 }
 
 graph_memory::~graph_memory() {
@@ -446,7 +463,10 @@ cudaError_t malloc_async(void** out, size_t bytes, cudaMemPool_t handle, cudaStr
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
   pool_obj* pool =
       handle == nullptr ? r.devices[s->device]->current_pool : resolve_pool(handle, call);
-  if (pool == nullptr) return ret(cudaErrorInvalidValue);
+  // cudaMemPoolImportFromShareableHandle: "Imported memory pools do not support creating new
+  // allocations. As such imported memory pools may not be used in cudaDeviceSetMemPool or
+  // cudaMallocFromPoolAsync calls."
+  if (pool == nullptr || pool->imported) return ret(cudaErrorInvalidValue);
   if (s->capture != nullptr) return ret(capture_allocation(*s, bytes, call, out));
   cudaError_t e = cudaSuccess;
   if (capture_node(*s, call, &e)) return ret(e);
@@ -612,10 +632,17 @@ cudaError_t cudaFree(void* p) {
       if (r.host_clock.get(stream_id) < access.seq) {
         violation(format("cudaFree(%p) while %s may still run", p, access.what.c_str()));
       }
-    chunk_of(*a.pool, base)->live--;
-    a.pool->used -= a.bytes;
-    a.pool->free_blocks.push_back(
-        {base, a.bytes, r.devices[a.pool->device]->legacy, 0, true, ++r.free_order});
+    if (a.pool->imported) {
+      release_import(*a.pool, base);
+    } else {
+      if (a.pool->handle_types != 0) {
+        check_no_live_imports(*r.devices[a.pool->device], base, "cudaFree");
+      }
+      chunk_of(*a.pool, base)->live--;
+      a.pool->used -= a.bytes;
+      a.pool->free_blocks.push_back(
+          {base, a.bytes, r.devices[a.pool->device]->legacy, 0, true, ++r.free_order});
+    }
   } else {
     // "For all other pointers, this API may perform implicit synchronization."
     device_obj& owner = *device_of(base);

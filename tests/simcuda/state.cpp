@@ -34,6 +34,7 @@ config read_config() {
   c.slow = env_long("SIMCUDA_SLOW", 0) != 0;
   c.sticky_after_launches = env_long("SIMCUDA_STICKY_AFTER_LAUNCHES", -1);
   c.oom_after_allocations = env_long("SIMCUDA_OOM_AFTER_ALLOCATIONS", -1);
+  c.import_free_delay_us = std::max(0L, env_long("SIMCUDA_IMPORT_FREE_DELAY_US", 0));
   return c;
 }
 

@@ -45,6 +45,8 @@ struct pool_obj;
 struct capture_obj;
 struct graph_obj;
 struct exec_obj;
+struct ipc_table;
+struct ipc_event_shared;
 
 /// A point in one stream's order: the op with sequence `seq` on `stream`.
 struct stream_point {
@@ -97,6 +99,10 @@ struct event_obj {
   capture_obj* captured = nullptr;    ///< last recorded inside this capture
   std::vector<size_t> captured_tail;  ///< the captured record's nodes (what a wait depends on)
   unsigned flags = 0;
+  /// Interprocess events: the record state other processes see (ipc.cpp).
+  ipc_event_shared* shared = nullptr;
+  int shared_fd = -1;   ///< the memfd behind `shared` (created events; others open it by path)
+  bool opened = false;  ///< opened with cudaIpcOpenEventHandle: waits and queries read `shared`
 };
 
 /// Graph memory: device memory of one allocation node, reserved at capture for the graph's life
@@ -239,6 +245,18 @@ struct pool_obj {
   std::vector<chunk> chunks;
   std::vector<free_block> free_blocks;
   std::vector<int> peers;  ///< devices granted access
+  bool imported = false;   ///< cudaMemPoolImportFromShareableHandle: allocates nothing
+  size_t region = 0;       ///< imported: its index in runtime::regions
+};
+
+/// Another process's device memory, mapped by an imported pool the way the device's own is:
+/// no host access at `base`, a private alias for simulated work.
+struct import_region {
+  uintptr_t base = 0;
+  uintptr_t alias = 0;
+  size_t bytes = 0;
+  ipc_table* table = nullptr;  ///< the exporting device's import table (shared)
+  uint64_t inode = 0;          ///< the exporting device's memfd
 };
 
 /// One simulated device: memory, legacy stream, default and current pool, context.
@@ -248,6 +266,8 @@ struct device_obj {
   uintptr_t alias = 0;  ///< the same memory, as simulated kernels and copies reach it
   size_t capacity = 0;
   int fd = -1;                           ///< the memfd behind both mappings
+  uint64_t inode = 0;                    ///< the memfd's inode (names it in export data)
+  ipc_table* ipc = nullptr;              ///< the memfd's tail: who imported what (ipc.cpp)
   std::map<size_t, size_t> free_ranges;  ///< offset -> bytes, unreserved device memory
   size_t reserved = 0;
   stream_obj* legacy = nullptr;
@@ -269,6 +289,7 @@ struct config {
   bool slow = false;
   long sticky_after_launches = -1;
   long oom_after_allocations = -1;
+  long import_free_delay_us = 0;  ///< how long an imported pointer's free takes to execute
 };
 
 /// The whole simulated runtime.
@@ -289,6 +310,7 @@ struct runtime {
   std::map<uintptr_t, std::unique_ptr<allocation>> live;   ///< by base address
   std::map<uintptr_t, std::unique_ptr<allocation>> freed;  ///< the last freed per base
   std::map<uintptr_t, size_t> pinned;                      ///< cudaHostAlloc: base -> bytes
+  std::vector<import_region> regions;                      ///< imported pools' memory
   vclock host_clock;                                       ///< what the host has observed complete
   uint64_t host_clock_version = 1;
   uint64_t next_handle = 1;
@@ -420,6 +442,27 @@ std::shared_ptr<graph_memory> reserve_graph_memory(device_obj& d, size_t bytes);
 /// With the lock.
 uint64_t graph_free(allocation& a, stream_obj& s, const std::string& what,
                     std::unique_ptr<op> o = nullptr);
+
+// --- ipc.cpp -----------------------------------------------------------------------------
+/// Bytes after a device's memory in its memfd: the import table.
+size_t ipc_table_bytes();
+/// Maps and initializes device `d`'s import table (at start).
+void init_ipc_table(device_obj& d);
+/// The imported region holding `p`, or null.
+const import_region* import_region_of(uintptr_t p);
+/// The exporting process frees `a` (of a pool with handle types) now, as op `who`: a violation
+/// while a living importing process has not freed its import. With the lock.
+void check_no_live_imports(device_obj& d, uintptr_t base, const std::string& who);
+/// An importer's free of its import at `base` (of the imported `pool`) executed: its hold on
+/// the export ends.
+void release_import(const pool_obj& pool, uintptr_t base);
+/// Interprocess events (with the lock): creation, a record's op, and an opened event's wait,
+/// query and synchronization.
+cudaError_t ipc_event_init(event_obj& e);
+void ipc_event_record(event_obj& e, op& o);
+cudaError_t ipc_event_wait(stream_obj& s, event_obj& e);
+cudaError_t ipc_event_query(const event_obj& e);
+void ipc_event_synchronize(std::unique_lock<std::mutex>& lock, const event_obj& e);
 
 // --- graphs.cpp --------------------------------------------------------------------------
 /// Drops `count` references of `u`; the last runs its destructor on the destructor thread.

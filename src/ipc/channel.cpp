@@ -1,0 +1,108 @@
+#include "ipc/channel.hpp"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "support/status.hpp"
+
+namespace arcpool::detail::ipc {
+namespace {
+
+constexpr uint32_t kMagic = 0x41504331;  // "APC1"
+
+arcpool_status_t peer_gone(const char* what) {
+  return fail(ARCPOOL_STATUS_PEER_GONE,
+              "IPC connection: the other process closed the connection while %s (it exited, "
+              "was killed, or destroyed its side)",
+              what);
+}
+
+}  // namespace
+
+channel::~channel() {
+  if (fd_ >= 0) close(fd_);
+}
+
+arcpool_status_t channel::send(message m, int pass_fd) {
+  m.magic = kMagic;
+  iovec iov{&m, sizeof m};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (pass_fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+  }
+  std::lock_guard<std::mutex> lock(send_mu_);
+  size_t sent = 0;
+  while (sent < sizeof m) {
+    const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return peer_gone("sending");
+    if (n < 0) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "IPC connection: sendmsg failed: %s",
+                  std::strerror(errno));
+    }
+    sent += static_cast<size_t>(n);
+    iov.iov_base = reinterpret_cast<char*>(&m) + sent;
+    iov.iov_len = sizeof m - sent;
+    msg.msg_control = nullptr;  // the descriptor went with the first byte
+    msg.msg_controllen = 0;
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t channel::receive(message* m, int* received_fd) {
+  if (received_fd != nullptr) *received_fd = -1;
+  size_t got = 0;
+  while (got < sizeof *m) {
+    iovec iov{reinterpret_cast<char*>(m) + got, sizeof *m - got};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return peer_gone("receiving");
+    if (n < 0) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "IPC connection: recvmsg failed: %s",
+                  std::strerror(errno));
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+      if (received_fd != nullptr && *received_fd < 0) {
+        *received_fd = fd;
+      } else {
+        close(fd);  // unexpected: never leak it
+      }
+    }
+    got += static_cast<size_t>(n);
+  }
+  if (m->magic != kMagic) {
+    if (received_fd != nullptr && *received_fd >= 0) close(*received_fd);
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "IPC connection: a message without arcpool's magic number (0x%x): the socket is "
+                "not an arcpool connection",
+                m->magic);
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+void channel::shut_down_sending() noexcept {
+  shutdown(fd_, SHUT_WR);
+}
+
+}  // namespace arcpool::detail::ipc

@@ -1,0 +1,58 @@
+// The messages of one IPC connection, over a connected AF_UNIX SOCK_STREAM socket
+// (design.md §14).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+#include "drivers/driver.hpp"
+
+namespace arcpool::detail::ipc {
+
+/// What a message says.
+enum class message_kind : uint32_t {
+  hello = 1,       ///< importer -> exporter, first: `id` is the importer's process id
+  pool = 2,        ///< exporter -> importer, carries the pool's file descriptor
+  allocation = 3,  ///< exporter -> importer: `pointer`, `size`, `event` recorded after writes
+  released = 4,    ///< importer -> exporter: import `id` freed; `event` follows that free
+  event_done = 5,  ///< exporter -> importer: the `released` event of `id` was waited on
+  goodbye = 6,     ///< exporter -> importer: nothing more will be sent
+};
+
+/// One fixed-size message.
+struct message {
+  uint32_t magic = 0;
+  message_kind kind = message_kind::hello;
+  uint64_t id = 0;    ///< the allocation's number on this connection (hello: the process id)
+  uint64_t size = 0;  ///< the allocation's bytes
+  ipc_pointer_data pointer{};
+  ipc_event_data event{};
+};
+
+/// One end of a connection: whole messages, written under a mutex (two threads may send).
+class channel {
+ public:
+  /// Takes `fd` (closed by the destructor).
+  explicit channel(int fd) noexcept : fd_(fd) {}
+  ~channel();
+  channel(const channel&) = delete;
+  channel& operator=(const channel&) = delete;
+
+  /// Sends `m`, with `pass_fd` attached (SCM_RIGHTS) when not negative. PEER_GONE when the
+  /// other end closed; never raises SIGPIPE.
+  arcpool_status_t send(message m, int pass_fd = -1);
+  /// Receives the next message, blocking; `*received_fd` (when given) gets an attached file
+  /// descriptor or -1. PEER_GONE at end of file.
+  arcpool_status_t receive(message* m, int* received_fd = nullptr);
+  /// Ends this side's sending: the other end reads end of file.
+  void shut_down_sending() noexcept;
+  /// Gives the socket back: the destructor will not close it (a failed create's caller keeps
+  /// it).
+  void release_fd() noexcept { fd_ = -1; }
+
+ private:
+  int fd_;
+  std::mutex send_mu_;
+};
+
+}  // namespace arcpool::detail::ipc

@@ -1,0 +1,250 @@
+#include "ipc/exporter.hpp"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "core/allocation.hpp"
+#include "core/allocator.hpp"
+#include "support/process_exit.hpp"
+#include "support/status.hpp"
+
+namespace arcpool::detail::ipc {
+
+exporter::exporter(arcpool_allocator_t* allocator, int fd, arcpool_stream_t watch_stream)
+    : allocator_(allocator),
+      drv_(from_handle(allocator)->drv()),
+      channel_(fd),
+      events_(from_handle(allocator)->drv()),
+      watch_stream_(watch_stream) {}
+
+exporter::~exporter() {
+  arcpool_stream_destroy(allocator_, watch_stream_);
+  arcpool_allocator_destroy(allocator_);  // the reference create took
+}
+
+arcpool_status_t exporter::create(arcpool_allocator_t* allocator, int fd, exporter** out) {
+  int pool_fd = -1;
+  ARCPOOL_RETURN_IF_ERROR(from_handle(allocator)->drv().pool_export_fd(&pool_fd));
+  arcpool_stream_t watch_stream = nullptr;
+  arcpool_status_t status = arcpool_stream_create(allocator, &watch_stream);
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    close(pool_fd);
+    return status;
+  }
+  ARCPOOL_RETURN_IF_ERROR(arcpool_allocator_retain(allocator));
+  auto* e = new (std::nothrow) exporter(allocator, fd, watch_stream);
+  if (e == nullptr) {
+    close(pool_fd);
+    arcpool_stream_destroy(allocator, watch_stream);
+    arcpool_allocator_destroy(allocator);
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an IPC exporter");
+  }
+  // The importer greets first (its process id, for the pidfd), then gets the pool.
+  message hello;
+  status = e->channel_.receive(&hello);
+  if (status == ARCPOOL_STATUS_SUCCESS && hello.kind != message_kind::hello) {
+    status = fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  "arcpool_ipc_exporter_create: the other end did not greet as an importer "
+                  "(message kind %u)",
+                  static_cast<unsigned>(hello.kind));
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    e->importer_pid_ = static_cast<pid_t>(hello.id);
+    message pool;
+    pool.kind = message_kind::pool;
+    status = e->channel_.send(pool, pool_fd);
+  }
+  close(pool_fd);
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    try {
+      std::thread([e] { e->watch(); }).detach();
+    } catch (const std::system_error&) {
+      status = fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no thread for the IPC exporter's watcher");
+    }
+  }
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    e->channel_.release_fd();  // the caller keeps the socket on failure
+    delete e;
+    return status;
+  }
+  *out = e;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t exporter::send(arcpool_allocation_t* a) {
+  allocation& record = *a->record;
+  if (&record.owner != from_handle(allocator_)) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "arcpool_ipc_send: the allocation is not of the exporter's allocator");
+  }
+  arcpool_placement_t placement{};
+  placement.struct_size = sizeof placement;
+  placement.version = ARCPOOL_PLACEMENT_VERSION;
+  ARCPOOL_RETURN_IF_ERROR(arcpool_allocation_placement(a, &placement));
+  constexpr uint32_t kNotPool = ARCPOOL_PLACEMENT_FLAG_EXTERNAL | ARCPOOL_PLACEMENT_FLAG_GRAPH |
+                                ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL;
+  if (a->is_view || (placement.flags & kNotPool) != 0 || placement.alignment > 256 ||
+      placement.size == 0) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "arcpool_ipc_send: only a whole, nonempty pool allocation aligned to at most "
+                "256 bytes can be shared (a view, an import, graph memory or a larger "
+                "alignment cannot: the data pointer must be the pool's)");
+  }
+  void* data = nullptr;
+  ARCPOOL_RETURN_IF_ERROR(arcpool_allocation_data(a, &data));
+  arcpool_allocation_info_t info{};
+  info.struct_size = sizeof info;
+  info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+  ARCPOOL_RETURN_IF_ERROR(arcpool_allocation_info(a, &info));
+
+  message m;
+  m.kind = message_kind::allocation;
+  m.size = placement.size;
+  ARCPOOL_RETURN_IF_ERROR(drv_.pool_export_pointer(data, &m.pointer));
+  sent s{a, {}};
+  ARCPOOL_RETURN_IF_ERROR(events_.take(&s.event));
+  // The importer's first use waits on this event: it follows the writes queued so far on the
+  // allocation's current stream (cudaMemPoolImportPointer: "The imported memory must not be
+  // accessed before the allocation operation completes in the exporting process").
+  arcpool_status_t status = drv_.event_record(s.event.event, info.current_stream);
+  if (status == ARCPOOL_STATUS_SUCCESS) status = arcpool_allocation_preserve(a);
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    events_.give_back(s.event);
+    return status;
+  }
+  arcpool_allocation_retain(a);
+  m.event = s.event.data;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (destroyed_) {
+      status =
+          fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "arcpool_ipc_send: the exporter was destroyed");
+    } else {
+      m.id = next_id_++;
+      sent_.emplace(m.id, s);
+    }
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) status = channel_.send(m);
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    bool mine = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      mine = sent_.erase(m.id) == 1 || m.id == 0;
+    }
+    if (mine) drop(s);  // the importer never got it (or the watcher released it already)
+    return status;
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+size_t exporter::outstanding() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sent_.size();
+}
+
+void exporter::destroy() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    destroyed_ = true;
+  }
+  message bye;
+  bye.kind = message_kind::goodbye;
+  channel_.send(bye);  // a gone importer cannot be told
+  unref();
+}
+
+void exporter::watch() noexcept {
+  message m;
+  while (channel_.receive(&m) == ARCPOOL_STATUS_SUCCESS) {
+    if (m.kind != message_kind::released) continue;
+    if (!release_after(m.id, m.event)) continue;
+    message done;
+    done.kind = message_kind::event_done;
+    done.id = m.id;
+    channel_.send(done);
+  }
+  // End of file: the importer closed its side or its process died. A closing importer has
+  // released everything first; a dead one may have held imports, which are freed once its
+  // process has exited (its context, and its use of the memory, end with it).
+  channel_.shut_down_sending();  // a closing importer waits for this end of file
+  wait_for_importer_exit();
+  if (process_exiting()) return;  // the process gives everything back
+  std::vector<sent> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, s] : sent_)
+      left.push_back(s);
+    sent_.clear();
+  }
+  for (const sent& s : left)
+    drop(s);
+  unref();
+}
+
+bool exporter::release_after(uint64_t id, const ipc_event_data& importer_event) noexcept {
+  sent s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sent_.find(id);
+    if (it == sent_.end()) return false;  // not ours: nothing to release
+    s = it->second;
+  }
+  // cudaMemPoolImportPointer: "If cudaFreeAsync is used, the free must be completed on the
+  // importing process before the free operation on the exporting process", and the exporting
+  // free may be queued early "as long as [it] specifies a stream with a stream dependency on
+  // the importing process's cudaFreeAsync". The importer's event follows its free; the watch
+  // stream waits on it and becomes a use of the allocation, which every free waits on.
+  event_handle e = nullptr;
+  if (drv_.ipc_event_open(importer_event, &e) != ARCPOOL_STATUS_SUCCESS) {
+    std::fprintf(stderr, "arcpool: IPC release of import %llu kept until the importer exits: %s\n",
+                 static_cast<unsigned long long>(id), arcpool_last_error());
+    return false;
+  }
+  const arcpool_status_t waited = drv_.stream_wait_event(watch_stream_, e);
+  drv_.event_destroy(e);
+  if (waited != ARCPOOL_STATUS_SUCCESS ||
+      arcpool_record_use(s.allocation, watch_stream_) != ARCPOOL_STATUS_SUCCESS) {
+    std::fprintf(stderr, "arcpool: IPC release of import %llu kept until the importer exits: %s\n",
+                 static_cast<unsigned long long>(id), arcpool_last_error());
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sent_.erase(id);
+  }
+  drop(s);
+  return true;
+}
+
+void exporter::wait_for_importer_exit() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sent_.empty()) return;
+  }
+  if (importer_pid_ <= 0 || importer_pid_ == getpid()) return;
+  // pidfd_open (Linux 5.3): "the file descriptor becomes readable when the process terminates".
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, importer_pid_, 0));
+  if (pidfd < 0) return;  // gone already (ESRCH), or no pidfds: the socket's end must do
+  pollfd p{pidfd, POLLIN, 0};
+  while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+  close(pidfd);
+}
+
+void exporter::drop(const sent& s) noexcept {
+  events_.give_back(s.event);
+  arcpool_allocation_discard_and_release(s.allocation);
+}
+
+void exporter::unref() noexcept {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+}  // namespace arcpool::detail::ipc

@@ -1,0 +1,66 @@
+// The exporting end of an IPC connection (arcpool_ipc_exporter_t, design.md §14).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "arcpool/ipc.h"
+#include "ipc/channel.hpp"
+#include "ipc/event_pool.hpp"
+
+namespace arcpool::detail::ipc {
+
+/// Shares one allocator's owned pool with one importing process, and holds a claim on each
+/// allocation sent until the importer released it or exited. A thread watches the socket.
+class exporter {
+ public:
+  /// Sends the pool, reads the importer's greeting and starts the watching thread.
+  static arcpool_status_t create(arcpool_allocator_t* allocator, int fd, exporter** out);
+
+  /// arcpool_ipc_send.
+  arcpool_status_t send(arcpool_allocation_t* a);
+  /// Allocations sent and not yet released.
+  size_t outstanding();
+  /// The user's handle goes: a goodbye to the importer, then the watcher ends the rest.
+  void destroy() noexcept;
+
+ private:
+  /// One allocation sent: the exporter's claim and reference, and the event sent with it.
+  struct sent {
+    arcpool_allocation_t* allocation = nullptr;
+    ipc_event_pool::entry event;
+  };
+
+  exporter(arcpool_allocator_t* allocator, int fd, arcpool_stream_t watch_stream);
+  ~exporter();
+
+  /// The watching thread: releases as the importer reports them, then everything left once
+  /// the importer is gone.
+  void watch() noexcept;
+  /// Import `id` was freed by the importer after `importer_event`: the claim's drop waits on
+  /// that event. False (claim kept) when the wait cannot be enqueued.
+  bool release_after(uint64_t id, const ipc_event_data& importer_event) noexcept;
+  /// Blocks until the importing process has exited (its pidfd), when it holds imports.
+  void wait_for_importer_exit() noexcept;
+  /// Drops the claim and reference of `s` (the last claim deallocates).
+  void drop(const sent& s) noexcept;
+  void unref() noexcept;
+
+  arcpool_allocator_t* const allocator_;  ///< retained
+  driver& drv_;
+  channel channel_;
+  ipc_event_pool events_;
+  const arcpool_stream_t watch_stream_;  ///< waits on importers' events; created on allocator_
+  pid_t importer_pid_ = 0;
+  std::mutex mu_;
+  std::unordered_map<uint64_t, sent> sent_;
+  uint64_t next_id_ = 1;
+  bool destroyed_ = false;
+  std::atomic<int> refs_{2};  ///< the user's handle and the watching thread
+};
+
+}  // namespace arcpool::detail::ipc

@@ -1,0 +1,164 @@
+#include "ipc/importer.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <new>
+
+#include "core/allocator.hpp"
+#include "support/status.hpp"
+
+namespace arcpool::detail::ipc {
+
+importer::importer(arcpool_allocator_t* allocator, int fd)
+    : allocator_(allocator),
+      drv_(from_handle(allocator)->drv()),
+      channel_(fd),
+      events_(from_handle(allocator)->drv()) {}
+
+importer::~importer() {
+  // The release events the exporter has not acknowledged stay: it may still open them
+  // (cudaIpcOpenEventHandle: "Performing operations on the imported event after the exported
+  // event has been freed with cudaEventDestroy will result in undefined behavior"). They go
+  // with the process; there is one per import still unacknowledged at the close.
+  if (free_stream_ != nullptr) drv_.stream_destroy(free_stream_);  // queued frees still run
+  // cudaMemPoolDestroy returns at once; the pool goes once its imports are all freed.
+  if (pool_ != nullptr) drv_.imported_pool_destroy(pool_);
+  arcpool_allocator_destroy(allocator_);  // the reference create took
+}
+
+arcpool_status_t importer::create(arcpool_allocator_t* allocator, int fd, importer** out) {
+  if (const driver& d = from_handle(allocator)->drv(); d.kind() != ARCPOOL_DRIVER_CUDA) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "arcpool_ipc_importer_create: the %s driver shares no memory between processes "
+                "(the CUDA driver does: design.md §14)",
+                arcpool_driver_name(d.kind()));
+  }
+  ARCPOOL_RETURN_IF_ERROR(arcpool_allocator_retain(allocator));
+  auto* im = new (std::nothrow) importer(allocator, fd);
+  if (im == nullptr) {
+    arcpool_allocator_destroy(allocator);
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an IPC importer");
+  }
+  message hello;
+  hello.kind = message_kind::hello;
+  hello.id = static_cast<uint64_t>(getpid());
+  arcpool_status_t status = im->channel_.send(hello);
+  message pool;
+  int pool_fd = -1;
+  if (status == ARCPOOL_STATUS_SUCCESS) status = im->channel_.receive(&pool, &pool_fd);
+  if (status == ARCPOOL_STATUS_SUCCESS && (pool.kind != message_kind::pool || pool_fd < 0)) {
+    status = fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  "arcpool_ipc_importer_create: the exporter sent no pool (message kind %u, "
+                  "descriptor %d)",
+                  static_cast<unsigned>(pool.kind), pool_fd);
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS) status = im->drv_.pool_import_fd(pool_fd, &im->pool_);
+  if (pool_fd >= 0) close(pool_fd);
+  if (status == ARCPOOL_STATUS_SUCCESS) status = im->drv_.stream_create(&im->free_stream_);
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    im->channel_.release_fd();  // the caller keeps the socket on failure
+    delete im;
+    return status;
+  }
+  *out = im;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t** out) {
+  message m;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (exporter_gone_) {
+        return fail(ARCPOOL_STATUS_PEER_GONE,
+                    "arcpool_ipc_receive: the exporter closed the connection (its process "
+                    "exited or was killed, or it destroyed its side); nothing more will arrive, "
+                    "and the imports received stay usable");
+      }
+    }
+    const arcpool_status_t status = channel_.receive(&m);
+    if (status == ARCPOOL_STATUS_PEER_GONE || m.kind == message_kind::goodbye) {
+      std::lock_guard<std::mutex> lock(mu_);
+      exporter_gone_ = true;
+      continue;
+    }
+    ARCPOOL_RETURN_IF_ERROR(status);
+    if (m.kind == message_kind::event_done) {
+      recycle(m.id);
+    } else if (m.kind == message_kind::allocation) {
+      break;
+    }
+  }
+  void* p = nullptr;
+  ARCPOOL_RETURN_IF_ERROR(drv_.import_pointer(pool_, m.pointer, &p));
+  // The first use waits on the exporter's event, recorded after its writes.
+  event_handle e = nullptr;
+  arcpool_status_t status = drv_.ipc_event_open(m.event, &e);
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    status = drv_.stream_wait_event(stream, e);
+    drv_.event_destroy(e);
+  }
+  auto* ctx = new (std::nothrow) import_ctx{this, m.id};
+  if (status == ARCPOOL_STATUS_SUCCESS && ctx == nullptr) {
+    status = fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an import");
+  }
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    delete ctx;
+    release_import(p, m.id);
+    return status;
+  }
+  refs_.fetch_add(1, std::memory_order_relaxed);
+  // CONSUME: on_free runs exactly once, now if the import fails.
+  return arcpool_import(allocator_, p, m.size, stream, ARCPOOL_IMPORT_FLAG_CONSUME, &on_free, ctx,
+                        out);
+}
+
+void importer::on_free(void* p, size_t size, void* user_data) noexcept {
+  (void)size;
+  auto* ctx = static_cast<import_ctx*>(user_data);
+  importer* im = ctx->owner;
+  const uint64_t id = ctx->id;
+  delete ctx;
+  im->release_import(p, id);
+  im->unref();
+}
+
+void importer::release_import(void* p, uint64_t id) noexcept {
+  // cudaMemPoolImportPointer: "The imported memory must be freed from all importing processes
+  // before being freed in the exporting process." arcpool's fences on it have all completed.
+  arcpool_status_t status = drv_.imported_free(p, free_stream_);
+  ipc_event_pool::entry e;
+  if (status == ARCPOOL_STATUS_SUCCESS) status = events_.take(&e);
+  if (status == ARCPOOL_STATUS_SUCCESS) status = drv_.event_record(e.event, free_stream_);
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    // Untold, the exporter keeps its claim until this process exits: never an early free.
+    std::fprintf(stderr, "arcpool: IPC import %llu not released to the exporter: %s\n",
+                 static_cast<unsigned long long>(id), arcpool_last_error());
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_events_.emplace(id, e);
+  }
+  message m;
+  m.kind = message_kind::released;
+  m.id = id;
+  m.event = e.data;
+  channel_.send(m);  // PEER_GONE: an exited exporter needs no word
+}
+
+void importer::recycle(uint64_t id) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = release_events_.find(id);
+  if (it == release_events_.end()) return;
+  events_.give_back(it->second);
+  release_events_.erase(it);
+}
+
+void importer::unref() noexcept {
+  // The exporter reads the releases sent, then end of file.
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+}  // namespace arcpool::detail::ipc

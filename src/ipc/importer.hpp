@@ -1,0 +1,59 @@
+// The importing end of an IPC connection (arcpool_ipc_importer_t, design.md §14).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "arcpool/ipc.h"
+#include "ipc/channel.hpp"
+#include "ipc/event_pool.hpp"
+
+namespace arcpool::detail::ipc {
+
+/// Another process's pool, imported on one allocator's device, and the allocations it sends.
+/// Each import holds a reference: the connection closes when the user's handle and every
+/// import are gone.
+class importer {
+ public:
+  /// Greets the exporter, receives the pool and imports it.
+  static arcpool_status_t create(arcpool_allocator_t* allocator, int fd, importer** out);
+
+  /// arcpool_ipc_receive.
+  arcpool_status_t receive(arcpool_stream_t stream, arcpool_allocation_t** out);
+  /// The user's handle goes.
+  void destroy() noexcept { unref(); }
+
+ private:
+  /// What the on-free callback of one import needs.
+  struct import_ctx {
+    importer* owner;
+    uint64_t id;
+  };
+
+  importer(arcpool_allocator_t* allocator, int fd);
+  ~importer();
+
+  /// arcpool no longer uses import `ctx->id` at `p`: frees it, records an event after the
+  /// free and tells the exporter (whose free waits on that event).
+  static void on_free(void* p, size_t size, void* ctx) noexcept;
+  void release_import(void* p, uint64_t id) noexcept;
+  /// The exporter no longer needs the release event of `id`.
+  void recycle(uint64_t id) noexcept;
+  /// The last reference went: closes the connection and tears down.
+  void unref() noexcept;
+
+  arcpool_allocator_t* const allocator_;  ///< retained
+  driver& drv_;
+  channel channel_;
+  ipc_event_pool events_;
+  imported_pool pool_ = nullptr;
+  stream_handle free_stream_ = nullptr;  ///< the imports' frees, and the events after them
+  std::mutex mu_;
+  std::unordered_map<uint64_t, ipc_event_pool::entry> release_events_;  ///< by import id
+  bool exporter_gone_ = false;
+  std::atomic<int> refs_{1};
+};
+
+}  // namespace arcpool::detail::ipc

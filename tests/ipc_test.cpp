@@ -1,0 +1,391 @@
+// Pool memory shared between processes (design.md §14, issue 13): export and import, the
+// ordering of the first use and of the two frees, and the death of either process. Each test
+// runs the other process as this binary again (a DISABLED_ IpcChild test, chosen by
+// --gtest_filter), joined by a socketpair. The CUDA driver only: simcuda in CI, a GPU in
+// tools/device-check; the host driver has no IPC and says so.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "arcpool/arcpool.h"
+#include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
+
+extern char** environ;
+
+namespace arcpool::test {
+namespace {
+
+constexpr size_t kBytes = size_t{1} << 20;
+
+arcpool_allocator_t* make_allocator(arcpool_driver_kind_t kind, arcpool_pool_source_t source,
+                                    uint32_t handle_types) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = kind;
+  options.pool_source = source;
+  options.ipc_handle_types = handle_types;
+  arcpool_allocator_t* a = nullptr;
+  EXPECT_OK(arcpool_allocator_create(&options, &a));
+  return a;
+}
+
+/// An allocator whose owned pool can be exported.
+arcpool_allocator_t* exporting_allocator() {
+  return make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED,
+                        cudaMemHandleTypePosixFileDescriptor);
+}
+
+/// The other process: this binary, running IpcChild.DISABLED_<role> with the child's end of
+/// arcpool's socket and of a control socket the test uses to say where it is.
+struct child {
+  pid_t pid = -1;
+  int socket = -1;  ///< the parent's end of arcpool's connection
+  int pipe = -1;    ///< the parent's end of the control socket
+};
+
+/// `extra_env`: more NAME=VALUE settings for the child.
+child spawn_child(const char* role, std::vector<std::string> extra_env = {}) {
+  int sv[2], pv[2];
+  child c;
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 ||
+      socketpair(AF_UNIX, SOCK_STREAM, 0, pv) != 0) {
+    ADD_FAILURE() << "socketpair: " << std::strerror(errno);
+    return c;
+  }
+  const std::string filter = std::string("--gtest_filter=IpcChild.DISABLED_") + role;
+  std::vector<std::string> env_strings = {"ARCPOOL_IPC_SOCKET=" + std::to_string(sv[1]),
+                                          "ARCPOOL_IPC_PIPE=" + std::to_string(pv[1])};
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "ARCPOOL_IPC_", 12) != 0) env.push_back(*e);
+  }
+  for (std::string& s : extra_env)
+    env_strings.push_back(std::move(s));
+  for (std::string& s : env_strings)
+    env.push_back(s.data());
+  env.push_back(nullptr);
+  std::string exe = "/proc/self/exe", also = "--gtest_also_run_disabled_tests";
+  std::string filter_arg = filter;
+  char* argv[] = {exe.data(), filter_arg.data(), also.data(), nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addclose(&actions, sv[0]);
+  posix_spawn_file_actions_addclose(&actions, pv[0]);
+  const int rc = posix_spawn(&c.pid, exe.c_str(), &actions, nullptr, argv, env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(sv[1]);
+  close(pv[1]);
+  if (rc != 0) ADD_FAILURE() << "posix_spawn: " << std::strerror(rc);
+  c.socket = sv[0];
+  c.pipe = pv[0];
+  return c;
+}
+
+/// Reads the other side's next report from the control socket ('\0' at end of file or after
+/// 60 s).
+char read_report(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 60000) != 1) return '\0';
+  char c = '\0';
+  return read(fd, &c, 1) == 1 ? c : '\0';
+}
+
+/// Waits for the child; its wait status.
+int reap(pid_t pid) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+/// Polls `done` every millisecond for up to 20 s.
+template <class F>
+bool eventually(F done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+size_t outstanding(arcpool_ipc_exporter_t* e) {
+  size_t n = 0;
+  EXPECT_OK(arcpool_ipc_exporter_outstanding(e, &n));
+  return n;
+}
+
+/// Bytes of allocations live or deallocated and not yet freed.
+uint64_t bytes_not_freed(arcpool_allocator_t* a) {
+  arcpool_stats_t st;
+  std::memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  st.version = ARCPOOL_STATS_VERSION;
+  EXPECT_OK(arcpool_stats_get(a, &st));
+  return st.bytes_in_use_current + st.bytes_pending_free_current;
+}
+
+/// Host work that holds a stream for 200 ms.
+void hold_stream(void*) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+/// Allocates kBytes on `s`, fills them with `value` there and sends them; the caller's claim
+/// is dropped, so the exporter's is the last. `late`: the fill runs 200 ms after the send, so
+/// an importer that read before waiting on the exporter's event would not see it.
+void send_filled(arcpool_allocator_t* a, arcpool_ipc_exporter_t* e, arcpool_stream_t s, int value,
+                 bool late = false) {
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
+  void* p = nullptr;
+  ASSERT_OK(arcpool_allocation_data(h, &p));
+  if (late) {
+    ASSERT_OK(arcpool_stream_launch_host_func(a, s, &hold_stream, nullptr));
+  }
+  ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, value, kBytes, static_cast<cudaStream_t>(s)));
+  ASSERT_OK(arcpool_ipc_send(e, h));
+  ASSERT_OK(arcpool_allocation_discard_and_release(h));
+}
+
+/// Copies the import to the host on `s` and checks every byte is `value`.
+void expect_filled(arcpool_allocation_t* h, arcpool_stream_t s, int value) {
+  void* p = nullptr;
+  ASSERT_OK(arcpool_allocation_data(h, &p));
+  std::vector<unsigned char> host(kBytes);
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(host.data(), p, kBytes, cudaMemcpyDeviceToHost,
+                                         static_cast<cudaStream_t>(s)));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
+  size_t wrong = 0;
+  for (unsigned char b : host)
+    wrong += b != value;
+  EXPECT_EQ(0u, wrong) << "bytes of the import that are not the exporter's " << value;
+}
+
+TEST(Ipc, TheHostDriverSharesNoMemory) {
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_HOST, ARCPOOL_POOL_OWNED, 0);
+  ASSERT_NE(nullptr, a);
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+  arcpool_ipc_exporter_t* e = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_exporter_create(a, sv[0], &e));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "shares no memory between processes"))
+      << arcpool_last_error();
+  arcpool_ipc_importer_t* i = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_importer_create(a, sv[1], &i));
+  // The caller still owns both ends: they are open.
+  EXPECT_EQ(1, write(sv[0], "x", 1));
+  char c = 0;
+  EXPECT_EQ(1, read(sv[1], &c, 1));
+  close(sv[0]);
+  close(sv[1]);
+  arcpool_allocator_destroy(a);
+}
+
+TEST(Ipc, NullAndBadArgumentsAreRefused) {
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_HOST, ARCPOOL_POOL_OWNED, 0);
+  arcpool_ipc_exporter_t* e = nullptr;
+  arcpool_ipc_importer_t* i = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_exporter_create(nullptr, 0, &e));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_exporter_create(a, -1, &e));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_exporter_create(a, 0, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_importer_create(a, -1, &i));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_send(nullptr, nullptr));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_receive(nullptr, nullptr, nullptr));
+  size_t n = 0;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_exporter_outstanding(nullptr, &n));
+  arcpool_ipc_exporter_destroy(nullptr);
+  arcpool_ipc_importer_destroy(nullptr);
+  arcpool_allocator_destroy(a);
+}
+
+TEST(Ipc, ADevicesOwnPoolCannotBeExported) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+  arcpool_ipc_exporter_t* e = nullptr;
+  arcpool_allocator_t* d = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_DEVICE_DEFAULT, 0);
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_exporter_create(d, sv[0], &e));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(),
+                                 "default (or current) pool cannot be "
+                                 "exported"))
+      << arcpool_last_error();
+  arcpool_allocator_t* o = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_exporter_create(o, sv[0], &e));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "cudaMemHandleTypePosixFileDescriptor"))
+      << arcpool_last_error();
+  close(sv[0]);
+  close(sv[1]);
+  arcpool_allocator_destroy(d);
+  arcpool_allocator_destroy(o);
+}
+
+TEST(Ipc, AnImportSeesTheExportersWritesAndIsFreedBeforeTheExportersFree) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  // On simcuda the importer's frees take 200 ms to execute: an exporter free not ordered after
+  // them executes first, and simcuda reports it.
+  child c = spawn_child("ImporterChecksAndFrees", {"SIMCUDA_IMPORT_FREE_DELAY_US=200000"});
+  arcpool_allocator_t* a = exporting_allocator();
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_exporter_t* e = nullptr;
+  ASSERT_OK(arcpool_ipc_exporter_create(a, c.socket, &e));
+  send_filled(a, e, s, 0x5a, true);
+  send_filled(a, e, s, 0x6b, true);
+  // The importer checks both, writes, frees and says so; the exporter's claims go after its
+  // frees, while it lives (simcuda checks the order of the two frees: a violation fails).
+  ASSERT_EQ('f', read_report(c.pipe)) << "the importer did not report its frees";
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << outstanding(e) << " left";
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
+      << bytes_not_freed(a) << " bytes not freed while the importer lives";
+  ASSERT_EQ(1, write(c.pipe, "x", 1));
+  const int status = reap(c.pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  arcpool_ipc_exporter_destroy(e);
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  close(c.pipe);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
+TEST(Ipc, AKilledImporterIsNoticedAndTheExporterFrees) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  child c = spawn_child("ImporterHolds");
+  arcpool_allocator_t* a = exporting_allocator();
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_exporter_t* e = nullptr;
+  ASSERT_OK(arcpool_ipc_exporter_create(a, c.socket, &e));
+  send_filled(a, e, s, 0x11);
+  ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
+  EXPECT_EQ(1u, outstanding(e));
+  EXPECT_EQ(kBytes, bytes_not_freed(a)) << "the exporter's claim keeps the allocation";
+  ASSERT_EQ(0, kill(c.pid, SIGKILL));
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << "the death went unnoticed";
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
+      << bytes_not_freed(a) << " bytes not freed";
+  const int status = reap(c.pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  arcpool_ipc_exporter_destroy(e);
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  close(c.pipe);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
+TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  child c = spawn_child("ExporterSendsAndWaits");
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_importer_t* im = nullptr;
+  ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+  expect_filled(h, s, 0x77);
+  ASSERT_EQ('s', read_report(c.pipe));
+  ASSERT_EQ(0, kill(c.pid, SIGKILL));
+  const int status = reap(c.pid);
+  EXPECT_TRUE(WIFSIGNALED(status)) << status;
+  arcpool_allocation_t* next = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_PEER_GONE, arcpool_ipc_receive(im, s, &next));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "closed the connection"))
+      << arcpool_last_error();
+  EXPECT_STATUS(ARCPOOL_STATUS_PEER_GONE, arcpool_ipc_receive(im, s, &next))
+      << "a second call answers the same, without blocking";
+  // The import is freed as usual; the release the dead exporter cannot hear is dropped.
+  ASSERT_OK(arcpool_allocation_discard_and_release(h));
+  arcpool_ipc_importer_destroy(im);
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  close(c.pipe);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
+// --- The other processes -----------------------------------------------------------------
+
+int env_fd(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? -1 : std::atoi(v);
+}
+
+void report(char c) {
+  ASSERT_EQ(1, write(env_fd("ARCPOOL_IPC_PIPE"), &c, 1));
+}
+
+/// Blocks until the test process says go on (or is gone).
+void wait_for_parent() {
+  read_report(env_fd("ARCPOOL_IPC_PIPE"));
+}
+
+TEST(IpcChild, DISABLED_ImporterChecksAndFrees) {
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_importer_t* im = nullptr;
+  ASSERT_OK(arcpool_ipc_importer_create(a, env_fd("ARCPOOL_IPC_SOCKET"), &im));
+  for (int value : {0x5a, 0x6b}) {
+    arcpool_allocation_t* h = nullptr;
+    ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+    EXPECT_EQ(kBytes, arcpool_allocation_size(h));
+    expect_filled(h, s, value);
+    void* p = nullptr;
+    ASSERT_OK(arcpool_allocation_data(h, &p));
+    ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 0, kBytes, static_cast<cudaStream_t>(s)));
+    ASSERT_OK(arcpool_allocation_discard_and_release(h));
+  }
+  ASSERT_OK(arcpool_allocator_trim(a, 0));  // completes the reclaims: both imports are released
+  report('f');
+  wait_for_parent();
+  arcpool_ipc_importer_destroy(im);
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
+TEST(IpcChild, DISABLED_ImporterHolds) {
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_importer_t* im = nullptr;
+  ASSERT_OK(arcpool_ipc_importer_create(a, env_fd("ARCPOOL_IPC_SOCKET"), &im));
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+  expect_filled(h, s, 0x11);
+  report('h');
+  for (;;)
+    pause();  // holding the import until killed
+}
+
+TEST(IpcChild, DISABLED_ExporterSendsAndWaits) {
+  arcpool_allocator_t* a = exporting_allocator();
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_exporter_t* e = nullptr;
+  ASSERT_OK(arcpool_ipc_exporter_create(a, env_fd("ARCPOOL_IPC_SOCKET"), &e));
+  send_filled(a, e, s, 0x77);
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  report('s');
+  for (;;)
+    pause();  // until killed
+}
+
+}  // namespace
+}  // namespace arcpool::test
