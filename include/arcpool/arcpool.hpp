@@ -255,8 +255,6 @@ class stream {
   stream_t handle_ = nullptr;
 };
 
-/// An allocator for one device. Owns its C handle; live buffers keep the underlying allocator
-/// alive after this object is gone. Move-only.
 /// A graph pool (arcpool_graph_pool_create): memory lent only to the captures bound to it.
 /// Move-only; the destructor releases the handle's reference.
 class graph_pool {
@@ -284,6 +282,8 @@ class graph_pool {
   arcpool_graph_pool_t* handle_ = nullptr;
 };
 
+/// An allocator for one device. Owns its C handle; live buffers keep the underlying allocator
+/// alive after this object is gone. Move-only.
 class allocator {
  public:
   /// Default options (device 0, AUTO driver).
@@ -383,6 +383,66 @@ class allocator {
 
  private:
   arcpool_allocator_t* handle_ = nullptr;
+};
+
+/// The exporting end of an IPC connection (arcpool/ipc.h, design.md §14). Move-only; the
+/// destructor sends nothing more, and the claims it holds go as the importer releases them.
+class ipc_exporter {
+ public:
+  ipc_exporter() noexcept = default;
+  /// Shares `a`'s owned pool over the connected AF_UNIX socket `socket_fd`, which it then
+  /// owns (arcpool_ipc_exporter_create; blocks until the importer greets).
+  ipc_exporter(const allocator& a, int socket_fd) {
+    detail::check(arcpool_ipc_exporter_create(a.get(), socket_fd, &handle_));
+  }
+  ipc_exporter(ipc_exporter&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  ipc_exporter& operator=(ipc_exporter&& other) noexcept {
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  ~ipc_exporter() { arcpool_ipc_exporter_destroy(handle_); }
+
+  /// Sends `b`'s allocation; the exporter holds a claim of its own until the importer released
+  /// it (arcpool_ipc_send).
+  void send(const buffer_base& b) { detail::check(arcpool_ipc_send(handle_, b.get())); }
+  /// Allocations sent and not yet released.
+  size_t outstanding() const {
+    size_t n = 0;
+    detail::check(arcpool_ipc_exporter_outstanding(handle_, &n));
+    return n;
+  }
+
+ private:
+  arcpool_ipc_exporter_t* handle_ = nullptr;
+};
+
+/// The importing end of an IPC connection (arcpool/ipc.h, design.md §14). Move-only; the
+/// connection closes once this object and every buffer received are gone.
+class ipc_importer {
+ public:
+  ipc_importer() noexcept = default;
+  /// Imports the pool an exporter shares over `socket_fd`, which it then owns, on `a`'s device
+  /// (arcpool_ipc_importer_create; blocks until the pool arrives).
+  ipc_importer(const allocator& a, int socket_fd) {
+    detail::check(arcpool_ipc_importer_create(a.get(), socket_fd, &handle_));
+  }
+  ipc_importer(ipc_importer&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  ipc_importer& operator=(ipc_importer&& other) noexcept {
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  ~ipc_importer() { arcpool_ipc_importer_destroy(handle_); }
+
+  /// The next allocation sent, usable on `s` (arcpool_ipc_receive; blocks until it arrives).
+  /// Throws arcpool::error with ARCPOOL_STATUS_PEER_GONE once the exporter is gone.
+  buffer receive(stream_t s) {
+    arcpool_allocation_t* h = nullptr;
+    detail::check(arcpool_ipc_receive(handle_, s, &h));
+    return buffer(h);
+  }
+
+ private:
+  arcpool_ipc_importer_t* handle_ = nullptr;
 };
 
 }  // namespace arcpool

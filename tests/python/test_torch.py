@@ -68,6 +68,23 @@ class TorchDropIn(unittest.TestCase):
             print("ok")
         """)
 
+    def test_sharing_a_tensor_with_another_process_fails_with_pytorchs_message(self):
+        # design.md §14: PyTorch's pluggable allocator has no IPC; arcpool's own API shares
+        # memory between processes. The user gets PyTorch's error, naming the missing piece.
+        self.check("""
+            import torch.multiprocessing.reductions as reductions
+            arcpool.torch.install()
+            x = torch.ones(4, device="cuda")
+            try:
+                reductions.reduce_tensor(x)
+            except RuntimeError as e:
+                message = str(e)
+            else:
+                raise AssertionError("a pluggable allocator's tensor was shared between processes")
+            assert "does not yet support shareipchandle" in message.lower(), message
+            print("ok")
+        """)
+
     def test_record_stream_ignores_empty_and_foreign_tensors(self):
         self.check("""
             arcpool.torch.install()

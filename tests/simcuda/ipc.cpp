@@ -134,8 +134,10 @@ void init_ipc_table(device_obj& d) {
 }
 
 const import_region* import_region_of(uintptr_t p) {
-  for (const import_region& region : rt().regions)
-    if (p >= region.base && p < region.base + region.bytes) return &region;
+  const runtime& r = rt();
+  const size_t n = r.region_count.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i)
+    if (p >= r.regions[i].base && p < r.regions[i].base + r.regions[i].bytes) return &r.regions[i];
   return nullptr;
 }
 
@@ -325,9 +327,17 @@ cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t* pool_out, void* 
   pool->handle = new_handle();
   pool->device = d.ordinal;
   pool->imported = true;
-  pool->region = r.regions.size();
-  r.regions.push_back({reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(alias), bytes,
-                       table, static_cast<uint64_t>(st.st_ino)});
+  const size_t index = r.region_count.load(std::memory_order_relaxed);
+  if (index == r.regions.size()) {
+    munmap(base, bytes);
+    munmap(alias, bytes);
+    munmap(table, ipc_table_bytes());
+    return ret(cudaErrorMemoryAllocation);  // simcuda maps at most 64 imported pools
+  }
+  pool->region = index;
+  r.regions[index] = {reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(alias), bytes,
+                      table, static_cast<uint64_t>(st.st_ino)};
+  r.region_count.store(index + 1, std::memory_order_release);
   *pool_out = reinterpret_cast<cudaMemPool_t>(pool->handle);
   r.pools.emplace(pool->handle, std::move(pool));
   return cudaSuccess;

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -310,8 +311,11 @@ struct runtime {
   std::map<uintptr_t, std::unique_ptr<allocation>> live;   ///< by base address
   std::map<uintptr_t, std::unique_ptr<allocation>> freed;  ///< the last freed per base
   std::map<uintptr_t, size_t> pinned;                      ///< cudaHostAlloc: base -> bytes
-  std::vector<import_region> regions;                      ///< imported pools' memory
-  vclock host_clock;                                       ///< what the host has observed complete
+  /// Imported pools' memory: written with the lock, then counted; read without it (simulated
+  /// work translates addresses unlocked), so it never moves.
+  std::array<import_region, 64> regions;
+  std::atomic<size_t> region_count{0};
+  vclock host_clock;  ///< what the host has observed complete
   uint64_t host_clock_version = 1;
   uint64_t next_handle = 1;
   uint64_t next_stream_id = 1;
