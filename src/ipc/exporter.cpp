@@ -138,7 +138,7 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
       std::lock_guard<std::mutex> lock(mu_);
       mine = sent_.erase(m.id) == 1 || m.id == 0;
     }
-    if (mine) drop(s);  // the importer never got it (or the watcher released it already)
+    if (mine) drop(s);  // the importer never got it; a released one was the watcher's to drop
     return status;
   }
   return ARCPOOL_STATUS_SUCCESS;
