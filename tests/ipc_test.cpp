@@ -319,6 +319,28 @@ TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
   EXPECT_EQ("", take_simcuda_violations());
 }
 
+TEST(Ipc, ADestroyedExporterSaysGoodbyeAndDropsItsClaimsAsTheImporterReleases) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  child c = spawn_child("ImporterHearsGoodbye");
+  arcpool_allocator_t* a = exporting_allocator();
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_exporter_t* e = nullptr;
+  ASSERT_OK(arcpool_ipc_exporter_create(a, c.socket, &e));
+  send_filled(a, e, s, 0x22);
+  ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
+  arcpool_ipc_exporter_destroy(e);  // the importer's next receive is PEER_GONE; it then frees
+  const int status = reap(c.pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
+      << bytes_not_freed(a) << " bytes not freed after the importer released its import";
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  close(c.pipe);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
 // --- The other processes -----------------------------------------------------------------
 
 int env_fd(const char* name) {
@@ -359,6 +381,26 @@ TEST(IpcChild, DISABLED_ImporterChecksAndFrees) {
   ASSERT_OK(arcpool_stream_destroy(a, s));
   arcpool_allocator_destroy(a);
   EXPECT_EQ("", take_simcuda_violations());
+}
+
+TEST(IpcChild, DISABLED_ImporterHearsGoodbye) {
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_importer_t* im = nullptr;
+  ASSERT_OK(arcpool_ipc_importer_create(a, env_fd("ARCPOOL_IPC_SOCKET"), &im));
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+  expect_filled(h, s, 0x22);
+  report('h');
+  arcpool_allocation_t* next = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_PEER_GONE, arcpool_ipc_receive(im, s, &next));
+  ASSERT_OK(arcpool_allocation_discard_and_release(h));
+  ASSERT_OK(arcpool_allocator_trim(a, 0));  // the release goes to the exporter's watcher
+  arcpool_ipc_importer_destroy(im);
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
 }
 
 // The two children below use the C++ API (arcpool::ipc_importer, arcpool::ipc_exporter).

@@ -34,11 +34,14 @@ arcpool_status_t exporter::create(arcpool_allocator_t* allocator, int fd, export
   ARCPOOL_RETURN_IF_ERROR(from_handle(allocator)->drv().pool_export_fd(&pool_fd));
   arcpool_stream_t watch_stream = nullptr;
   arcpool_status_t status = arcpool_stream_create(allocator, &watch_stream);
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    status = arcpool_allocator_retain(allocator);
+    if (status != ARCPOOL_STATUS_SUCCESS) arcpool_stream_destroy(allocator, watch_stream);
+  }
   if (status != ARCPOOL_STATUS_SUCCESS) {
     close(pool_fd);
     return status;
   }
-  ARCPOOL_RETURN_IF_ERROR(arcpool_allocator_retain(allocator));
   auto* e = new (std::nothrow) exporter(allocator, fd, watch_stream);
   if (e == nullptr) {
     close(pool_fd);

@@ -78,7 +78,8 @@ arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t
       }
     }
     const arcpool_status_t status = channel_.receive(&m);
-    if (status == ARCPOOL_STATUS_PEER_GONE || m.kind == message_kind::goodbye) {
+    if (status == ARCPOOL_STATUS_PEER_GONE ||
+        (status == ARCPOOL_STATUS_SUCCESS && m.kind == message_kind::goodbye)) {
       std::lock_guard<std::mutex> lock(mu_);
       exporter_gone_ = true;
       continue;
