@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "arcpool/arcpool.h"
@@ -233,16 +234,52 @@ TEST(Ipc, ADevicesOwnPoolCannotBeExported) {
   arcpool_allocator_destroy(o);
 }
 
-TEST(Ipc, AnImportSeesTheExportersWritesAndIsFreedBeforeTheExportersFree) {
+/// The exporting process of a test: an exporting allocator, a stream and an exporter joined to
+/// a child running `role`. TearDown ends the child if the test did not, and checks that simcuda
+/// saw no violation.
+class IpcExporter : public ::testing::Test {
+ protected:
+  void start(const char* role, std::vector<std::string> env = {}) {
+    c = spawn_child(role, std::move(env));
+    a = exporting_allocator();
+    ASSERT_NE(nullptr, a);
+    ASSERT_OK(arcpool_stream_create(a, &s));
+    ASSERT_OK(arcpool_ipc_exporter_create(a, c.socket, &e));
+    exporting = true;
+  }
+  /// Waits for the child; its wait status.
+  int reap_child() {
+    const int status = reap(c.pid);
+    c.pid = -1;
+    return status;
+  }
+  void TearDown() override {
+    if (c.pid > 0) {  // a test that stopped early: the child must not outlive it
+      kill(c.pid, SIGKILL);
+      reap_child();
+    }
+    if (!exporting && c.socket >= 0) close(c.socket);  // no exporter took it
+    arcpool_ipc_exporter_destroy(e);
+    if (s != nullptr) {
+      EXPECT_OK(arcpool_stream_destroy(a, s));
+    }
+    arcpool_allocator_destroy(a);
+    if (c.pipe >= 0) close(c.pipe);
+    EXPECT_EQ("", take_simcuda_violations());
+  }
+
+  child c;
+  arcpool_allocator_t* a = nullptr;
+  arcpool_stream_t s = nullptr;
+  arcpool_ipc_exporter_t* e = nullptr;
+  bool exporting = false;  ///< an exporter owns c.socket
+};
+
+TEST_F(IpcExporter, AnImportSeesTheExportersWritesAndIsFreedBeforeTheExportersFree) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   // On simcuda the importer's frees take 200 ms to execute: an exporter free not ordered after
   // them executes first, and simcuda reports it.
-  child c = spawn_child("ImporterChecksAndFrees", {"SIMCUDA_IMPORT_FREE_DELAY_US=200000"});
-  arcpool_allocator_t* a = exporting_allocator();
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
-  arcpool_ipc_exporter_t* e = nullptr;
-  ASSERT_OK(arcpool_ipc_exporter_create(a, c.socket, &e));
+  ASSERT_NO_FATAL_FAILURE(start("ImporterChecksAndFrees", {"SIMCUDA_IMPORT_FREE_DELAY_US=200000"}));
   send_filled(a, e, s, 0x5a, true);
   send_filled(a, e, s, 0x6b, true);
   // The importer checks both, writes, frees and says so; the exporter's claims go after its
@@ -253,23 +290,13 @@ TEST(Ipc, AnImportSeesTheExportersWritesAndIsFreedBeforeTheExportersFree) {
   EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
       << bytes_not_freed(a) << " bytes not freed while the importer lives";
   ASSERT_EQ(1, write(c.pipe, "x", 1));
-  const int status = reap(c.pid);
+  const int status = reap_child();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
-  arcpool_ipc_exporter_destroy(e);
-  ASSERT_OK(arcpool_stream_destroy(a, s));
-  arcpool_allocator_destroy(a);
-  close(c.pipe);
-  EXPECT_EQ("", take_simcuda_violations());
 }
 
-TEST(Ipc, AKilledImporterIsNoticedAndTheExporterFrees) {
+TEST_F(IpcExporter, AKilledImporterIsNoticedAndTheExporterFrees) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
-  child c = spawn_child("ImporterHolds");
-  arcpool_allocator_t* a = exporting_allocator();
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
-  arcpool_ipc_exporter_t* e = nullptr;
-  ASSERT_OK(arcpool_ipc_exporter_create(a, c.socket, &e));
+  ASSERT_NO_FATAL_FAILURE(start("ImporterHolds"));
   send_filled(a, e, s, 0x11);
   ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
   EXPECT_EQ(1u, outstanding(e));
@@ -279,13 +306,8 @@ TEST(Ipc, AKilledImporterIsNoticedAndTheExporterFrees) {
   ASSERT_OK(arcpool_stream_synchronize(a, s));
   EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
       << bytes_not_freed(a) << " bytes not freed";
-  const int status = reap(c.pid);
+  const int status = reap_child();
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
-  arcpool_ipc_exporter_destroy(e);
-  ASSERT_OK(arcpool_stream_destroy(a, s));
-  arcpool_allocator_destroy(a);
-  close(c.pipe);
-  EXPECT_EQ("", take_simcuda_violations());
 }
 
 TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
@@ -319,26 +341,18 @@ TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
   EXPECT_EQ("", take_simcuda_violations());
 }
 
-TEST(Ipc, ADestroyedExporterSaysGoodbyeAndDropsItsClaimsAsTheImporterReleases) {
+TEST_F(IpcExporter, ADestroyedExporterSaysGoodbyeAndDropsItsClaimsAsTheImporterReleases) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
-  child c = spawn_child("ImporterHearsGoodbye");
-  arcpool_allocator_t* a = exporting_allocator();
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
-  arcpool_ipc_exporter_t* e = nullptr;
-  ASSERT_OK(arcpool_ipc_exporter_create(a, c.socket, &e));
+  ASSERT_NO_FATAL_FAILURE(start("ImporterHearsGoodbye"));
   send_filled(a, e, s, 0x22);
   ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
-  arcpool_ipc_exporter_destroy(e);  // the importer's next receive is PEER_GONE; it then frees
-  const int status = reap(c.pid);
+  // The importer's next receive is PEER_GONE; it then frees.
+  arcpool_ipc_exporter_destroy(std::exchange(e, nullptr));
+  const int status = reap_child();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
   ASSERT_OK(arcpool_stream_synchronize(a, s));
   EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
       << bytes_not_freed(a) << " bytes not freed after the importer released its import";
-  ASSERT_OK(arcpool_stream_destroy(a, s));
-  arcpool_allocator_destroy(a);
-  close(c.pipe);
-  EXPECT_EQ("", take_simcuda_violations());
 }
 
 // --- The other processes -----------------------------------------------------------------
