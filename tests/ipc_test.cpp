@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <utility>
@@ -145,11 +146,12 @@ void hold_stream(void*) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 }
 
-/// Allocates kBytes on `s`, fills them with `value` there and sends them; the caller's claim
-/// is dropped, so the exporter's is the last. `late`: the fill runs 200 ms after the send, so
-/// an importer that read before waiting on the exporter's event would not see it.
-void send_filled(arcpool_allocator_t* a, arcpool_ipc_exporter_t* e, arcpool_stream_t s, int value,
-                 bool late = false) {
+/// Allocates kBytes on `s`, fills them with `value` there and sends them through every exporter
+/// of `to`; the caller's claim is dropped, so the exporters' are the last. `late`: the fill runs
+/// 200 ms after the send, so an importer that read before waiting on the exporter's event would not
+/// see it.
+void send_filled(arcpool_allocator_t* a, std::initializer_list<arcpool_ipc_exporter_t*> to,
+                 arcpool_stream_t s, int value, bool late = false) {
   arcpool_allocation_t* h = nullptr;
   ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
   void* p = nullptr;
@@ -158,7 +160,8 @@ void send_filled(arcpool_allocator_t* a, arcpool_ipc_exporter_t* e, arcpool_stre
     ASSERT_OK(arcpool_stream_launch_host_func(a, s, &hold_stream, nullptr));
   }
   ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, value, kBytes, static_cast<cudaStream_t>(s)));
-  ASSERT_OK(arcpool_ipc_send(e, h));
+  for (arcpool_ipc_exporter_t* e : to)
+    ASSERT_OK(arcpool_ipc_send(e, h));
   ASSERT_OK(arcpool_allocation_discard_and_release(h));
 }
 
@@ -280,8 +283,8 @@ TEST_F(IpcExporter, AnImportSeesTheExportersWritesAndIsFreedBeforeTheExportersFr
   // On simcuda the importer's frees take 200 ms to execute: an exporter free not ordered after
   // them executes first, and simcuda reports it.
   ASSERT_NO_FATAL_FAILURE(start("ImporterChecksAndFrees", {"SIMCUDA_IMPORT_FREE_DELAY_US=200000"}));
-  send_filled(a, e, s, 0x5a, true);
-  send_filled(a, e, s, 0x6b, true);
+  send_filled(a, {e}, s, 0x5a, true);
+  send_filled(a, {e}, s, 0x6b, true);
   // The importer checks both, writes, frees and says so; the exporter's claims go after its
   // frees, while it lives (simcuda checks the order of the two frees: a violation fails).
   ASSERT_EQ('f', read_report(c.pipe)) << "the importer did not report its frees";
@@ -297,7 +300,7 @@ TEST_F(IpcExporter, AnImportSeesTheExportersWritesAndIsFreedBeforeTheExportersFr
 TEST_F(IpcExporter, AKilledImporterIsNoticedAndTheExporterFrees) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   ASSERT_NO_FATAL_FAILURE(start("ImporterHolds"));
-  send_filled(a, e, s, 0x11);
+  send_filled(a, {e}, s, 0x11);
   ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
   EXPECT_EQ(1u, outstanding(e));
   EXPECT_EQ(kBytes, bytes_not_freed(a)) << "the exporter's claim keeps the allocation";
@@ -308,6 +311,41 @@ TEST_F(IpcExporter, AKilledImporterIsNoticedAndTheExporterFrees) {
       << bytes_not_freed(a) << " bytes not freed";
   const int status = reap_child();
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+}
+
+TEST(IpcTwoImporters, TheExportersFreeWaitsForEveryImporter) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  // The same two allocations go to two processes, which only read them (a write by one would
+  // race with the other's read); the second frees 200 ms late (on simcuda).
+  child fast = spawn_child("ImporterChecksAndFrees", {"ARCPOOL_IPC_READ_ONLY=1"});
+  child slow = spawn_child("ImporterChecksAndFrees",
+                           {"ARCPOOL_IPC_READ_ONLY=1", "SIMCUDA_IMPORT_FREE_DELAY_US=200000"});
+  arcpool_allocator_t* a = exporting_allocator();
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_exporter_t* to_fast = nullptr;
+  arcpool_ipc_exporter_t* to_slow = nullptr;
+  ASSERT_OK(arcpool_ipc_exporter_create(a, fast.socket, &to_fast));
+  ASSERT_OK(arcpool_ipc_exporter_create(a, slow.socket, &to_slow));
+  send_filled(a, {to_fast, to_slow}, s, 0x5a, true);
+  send_filled(a, {to_fast, to_slow}, s, 0x6b, true);
+  ASSERT_EQ('f', read_report(fast.pipe));
+  ASSERT_EQ('f', read_report(slow.pipe));
+  EXPECT_TRUE(eventually([&] { return outstanding(to_fast) + outstanding(to_slow) == 0; }));
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
+      << bytes_not_freed(a) << " bytes not freed while both importers live";
+  for (child* c : {&fast, &slow}) {
+    ASSERT_EQ(1, write(c->pipe, "x", 1));
+    const int status = reap(c->pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer status " << status;
+    close(c->pipe);
+  }
+  arcpool_ipc_exporter_destroy(to_fast);
+  arcpool_ipc_exporter_destroy(to_slow);
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  EXPECT_EQ("", take_simcuda_violations());
 }
 
 TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
@@ -344,7 +382,7 @@ TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
 TEST_F(IpcExporter, ADestroyedExporterSaysGoodbyeAndDropsItsClaimsAsTheImporterReleases) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   ASSERT_NO_FATAL_FAILURE(start("ImporterHearsGoodbye"));
-  send_filled(a, e, s, 0x22);
+  send_filled(a, {e}, s, 0x22);
   ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
   // The importer's next receive is PEER_GONE; it then frees.
   arcpool_ipc_exporter_destroy(std::exchange(e, nullptr));
@@ -384,7 +422,9 @@ TEST(IpcChild, DISABLED_ImporterChecksAndFrees) {
     expect_filled(h, s, value);
     void* p = nullptr;
     ASSERT_OK(arcpool_allocation_data(h, &p));
-    ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 0, kBytes, static_cast<cudaStream_t>(s)));
+    if (std::getenv("ARCPOOL_IPC_READ_ONLY") == nullptr) {  // a use of the import
+      ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 0, kBytes, static_cast<cudaStream_t>(s)));
+    }
     ASSERT_OK(arcpool_allocation_discard_and_release(h));
   }
   ASSERT_OK(arcpool_allocator_trim(a, 0));  // completes the reclaims: both imports are released
