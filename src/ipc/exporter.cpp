@@ -25,8 +25,7 @@ exporter::exporter(arcpool_allocator_t* allocator, int fd, arcpool_stream_t watc
       watch_stream_(watch_stream) {}
 
 exporter::~exporter() {
-  arcpool_stream_destroy(allocator_, watch_stream_);
-  arcpool_allocator_destroy(allocator_);  // the reference create took
+  arcpool_stream_destroy(allocator_.get(), watch_stream_);
 }
 
 arcpool_status_t exporter::create(arcpool_allocator_t* allocator, int fd, exporter** out) {
@@ -83,7 +82,7 @@ arcpool_status_t exporter::create(arcpool_allocator_t* allocator, int fd, export
 
 arcpool_status_t exporter::send(arcpool_allocation_t* a) {
   allocation& record = *a->record;
-  if (&record.owner != from_handle(allocator_)) {
+  if (&record.owner != from_handle(allocator_.get())) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 "arcpool_ipc_send: the allocation is not of the exporter's allocator");
   }

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "arcpool/ipc.h"
+#include "ipc/allocator_reference.hpp"
 #include "ipc/channel.hpp"
 #include "ipc/event_pool.hpp"
 
@@ -50,7 +51,7 @@ class exporter {
   void drop(const sent& s) noexcept;
   void unref() noexcept;
 
-  arcpool_allocator_t* const allocator_;  ///< retained
+  allocator_reference allocator_;  ///< first: released after every other member
   driver& drv_;
   channel channel_;
   ipc_event_pool events_;

@@ -24,7 +24,6 @@ importer::~importer() {
   if (free_stream_ != nullptr) drv_.stream_destroy(free_stream_);  // queued frees still run
   // cudaMemPoolDestroy returns at once; the pool goes once its imports are all freed.
   if (pool_ != nullptr) drv_.imported_pool_destroy(pool_);
-  arcpool_allocator_destroy(allocator_);  // the reference create took
 }
 
 arcpool_status_t importer::create(arcpool_allocator_t* allocator, int fd, importer** out) {
@@ -111,8 +110,8 @@ arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t
   }
   refs_.fetch_add(1, std::memory_order_relaxed);
   // CONSUME: on_free runs exactly once, now if the import fails.
-  return arcpool_import(allocator_, p, m.size, stream, ARCPOOL_IMPORT_FLAG_CONSUME, &on_free, ctx,
-                        out);
+  return arcpool_import(allocator_.get(), p, m.size, stream, ARCPOOL_IMPORT_FLAG_CONSUME, &on_free,
+                        ctx, out);
 }
 
 void importer::on_free(void* p, size_t size, void* user_data) noexcept {

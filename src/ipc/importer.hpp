@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "arcpool/ipc.h"
+#include "ipc/allocator_reference.hpp"
 #include "ipc/channel.hpp"
 #include "ipc/event_pool.hpp"
 
@@ -44,7 +45,7 @@ class importer {
   /// The last reference went: closes the connection and tears down.
   void unref() noexcept;
 
-  arcpool_allocator_t* const allocator_;  ///< retained
+  allocator_reference allocator_;  ///< first: released after every other member
   driver& drv_;
   channel channel_;
   ipc_event_pool events_;
