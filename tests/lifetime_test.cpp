@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <stdexcept>
+#include <thread>
 
 #include "support/driver_test.hpp"
 
@@ -265,6 +268,63 @@ TEST_P(Lifetime, AThrowingOnFreeRunsOnceAndTheWorkerSurvives) {
     finish_reclaims();
     EXPECT_EQ(i + 1, calls.load());
   }
+}
+
+/// An on_free callback that waits for the test, then says where it ran.
+struct held_callback {
+  detail::reclaimer* reclaims = nullptr;
+  std::promise<void> entered;
+  std::promise<void> go_on;
+  std::shared_future<void> go_on_future = go_on.get_future().share();
+  std::atomic<bool> on_worker{false};
+  std::atomic<bool> returned{false};
+
+  static void run(void*, size_t, void* user_data) {
+    auto* h = static_cast<held_callback*>(user_data);
+    h->entered.set_value();
+    h->go_on_future.wait();
+    h->on_worker = h->reclaims->on_worker_thread();
+    h->returned = true;
+  }
+};
+
+// At exit, the exit hook's listener joins the reclaim worker while an on_free callback on it may
+// drop the allocator's last handle, so that the janitor deletes the allocator: both stop the
+// worker. The second must wait for the first one's join (it found no worker to join, returned,
+// and the allocator was deleted under the running worker), and the worker must still know itself
+// (else the allocator is deleted on it).
+TEST_P(Lifetime, AWorkerBeingJoinedByOneThreadIsWaitedForByAnotherThatStopsIt) {
+  ARCPOOL_SKIP_ON_DETERMINISTIC("no reclaim worker runs there");
+  held_callback held;
+  held.reclaims = &core().reclaims();
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_import(alloc_, foreign(kBytes), kBytes, s_, 0, &held_callback::run, &held, &a));
+  gate& g = block(s_);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));  // deferred: s_ waits for the gate
+  arcpool_allocation_release(a);
+  g.open();
+  ASSERT_EQ(std::future_status::ready, held.entered.get_future().wait_for(std::chrono::seconds(10)))
+      << "the worker never ran the callback";
+  std::thread joiner([&] { held.reclaims->stop_worker(false); });  // as the exit hook does
+  // Give the joiner the worker first (if this thread takes it instead, it joins it itself and
+  // the test still holds).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::atomic<bool> stopped{false};
+  std::atomic<bool> callback_had_returned{false};
+  std::thread second([&] {  // as the janitor's delete does
+    held.reclaims->stop_worker(false);
+    callback_had_returned = held.returned.load();
+    stopped = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(stopped.load()) << "a stop returned while the worker still ran a callback";
+  held.go_on.set_value();
+  joiner.join();
+  second.join();
+  EXPECT_TRUE(callback_had_returned.load());
+  EXPECT_TRUE(held.on_worker.load())
+      << "the worker, taken to be joined, no longer knew itself: an on_free callback that drops "
+         "the last handle there would delete the allocator on its own worker";
 }
 
 TEST_P(Lifetime, AnIndeterminateImportReportsAfterTheLastReference) {

@@ -130,6 +130,9 @@ class allocator {
   size_t reclaim_poll_once() { return reclaimer_.poll_once(); }
   arcpool_status_t reclaim_drain() { return reclaimer_.drain(); }
   size_t reclaim_pending() const { return reclaimer_.pending(); }
+  /// Test hook: the reclaimer (its worker is stopped from several threads at once, as the exit
+  /// hook and the janitor do).
+  reclaimer& reclaims() noexcept { return reclaimer_; }
   /// Restarts every high-water mark at its current value: the gauges' and the pool's.
   void reset_peaks() {
     stats_.reset_peaks();

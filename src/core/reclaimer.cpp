@@ -37,20 +37,29 @@ void reclaimer::stop_worker(bool drain_first) {
   std::thread worker;
   int listener = -1;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     stop_ = true;
     work_cv_.notify_all();
     worker = std::move(worker_);
     listener = std::exchange(exit_listener_, -1);
+    if (!worker.joinable()) {
+      // Another thread is joining the worker: the reclaimer may go only once it exited.
+      if (worker_id_ != std::this_thread::get_id()) {
+        idle_cv_.wait(lock, [&] { return !joining_; });
+      }
+      return;
+    }
+    joining_ = true;
   }
   if (listener >= 0) remove_exit_listener(listener);
-  if (worker.joinable()) {
-    if (worker.get_id() == std::this_thread::get_id()) {
-      worker.detach();  // the last allocator reference went from inside an on_free callback
-    } else {
-      worker.join();
-    }
+  if (worker.get_id() == std::this_thread::get_id()) {
+    worker.detach();  // the last allocator reference went from inside an on_free callback
+  } else {
+    worker.join();
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  joining_ = false;
+  idle_cv_.notify_all();
 }
 
 void reclaimer::enqueue(reclaim_item item) {
@@ -73,6 +82,7 @@ void reclaimer::start_locked() {
   // Deterministic mode: no thread; items complete on the threads that poll, trim or drain.
   if (worker_.joinable() || stop_ || !driver_.allows_worker_threads()) return;
   worker_ = std::thread([this] { run(); });
+  worker_id_ = worker_.get_id();
   exit_listener_ = add_exit_listener([this] { stop_worker(false); });
 }
 

@@ -66,10 +66,11 @@ class reclaimer {
   /// nothing is given back while a fence is outstanding.
   size_t poll_once();
 
-  /// True on the worker thread (inside an on_free callback).
+  /// True on the worker thread (inside an on_free callback), also once another thread took the
+  /// worker to join it.
   bool on_worker_thread() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return worker_.get_id() == std::this_thread::get_id();
+    return worker_id_ == std::this_thread::get_id();
   }
 
   /// Items queued and not yet completed.
@@ -78,8 +79,10 @@ class reclaimer {
   /// The reclaimer's own non-blocking stream, created on first use; never captured.
   arcpool_status_t reclaim_stream(stream_handle* out);
 
-  /// Stops the worker (first completing every item with `drain_first`). The allocator calls
-  /// it before destroying its streams; the destructor calls it again (a no-op then).
+  /// Stops the worker (first completing every item with `drain_first`) and returns once it has
+  /// exited, also when another thread is joining it (the exit hook's listener, while the janitor
+  /// deletes the allocator). The allocator calls it before destroying its streams; the
+  /// destructor calls it again (a no-op then).
   void stop_worker(bool drain_first);
 
  private:
@@ -116,6 +119,8 @@ class reclaimer {
   size_t completing_ = 0;          ///< items the worker moved out and is completing now
   bool stop_ = false;
   std::thread worker_;
+  std::thread::id worker_id_;  ///< the worker's, kept after worker_ is taken to be joined
+  bool joining_ = false;       ///< a thread took worker_ and has not finished joining it
   int exit_listener_ = -1;
 
   std::mutex stream_mutex_;
