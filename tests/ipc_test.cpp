@@ -453,10 +453,12 @@ TEST(IpcChild, DISABLED_ImporterHearsGoodbye) {
   EXPECT_STATUS(ARCPOOL_STATUS_PEER_GONE, arcpool_ipc_receive(im, s, &next));
   ASSERT_OK(arcpool_allocation_discard_and_release(h));
   ASSERT_OK(arcpool_allocator_trim(a, 0));  // the release goes to the exporter's watcher
-  arcpool_ipc_importer_destroy(im);
   ASSERT_OK(arcpool_stream_synchronize(a, s));
   ASSERT_OK(arcpool_stream_destroy(a, s));
+  // The importer outlives the application's handle: its own keeps the allocator (and the driver
+  // its events and stream live on) until it has destroyed them.
   arcpool_allocator_destroy(a);
+  arcpool_ipc_importer_destroy(im);
 }
 
 // The two children below use the C++ API (arcpool::ipc_importer, arcpool::ipc_exporter).
