@@ -395,6 +395,24 @@ TEST_F(IpcExporter, ADestroyedExporterSaysGoodbyeAndDropsItsClaimsAsTheImporterR
       << bytes_not_freed(a) << " bytes not freed after the importer released its import";
 }
 
+// An acknowledged release event goes back to the importer's event pool, which destroys it when
+// the importer goes. The importer outlives the application's allocator handle here, so only the
+// importer's own reference keeps the allocator's driver alive for that (ASan sees it otherwise).
+TEST_F(IpcExporter, AnImporterThatOutlivesItsAllocatorHandleDestroysItsEventsFirst) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  ASSERT_NO_FATAL_FAILURE(start("ImporterReleasesThenOutlivesItsAllocatorHandle"));
+  send_filled(a, {e}, s, 0x33);
+  ASSERT_EQ('r', read_report(c.pipe)) << "the importer did not report its release";
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << outstanding(e) << " left";
+  // The watcher acknowledges the release right after dropping its claim; the goodbye then
+  // follows the acknowledgement on the socket (were it first, the event would not be pooled,
+  // and the test would check less, never fail wrongly).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  arcpool_ipc_exporter_destroy(std::exchange(e, nullptr));
+  const int status = reap_child();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+}
+
 // --- The other processes -----------------------------------------------------------------
 
 int env_fd(const char* name) {
@@ -411,17 +429,50 @@ void wait_for_parent() {
   read_report(env_fd("ARCPOOL_IPC_PIPE"));
 }
 
-TEST(IpcChild, DISABLED_ImporterChecksAndFrees) {
+/// An importing process's allocator, stream and importer (on the test process's socket).
+struct importing_side {
   arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
   arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
   arcpool_ipc_importer_t* im = nullptr;
-  ASSERT_OK(arcpool_ipc_importer_create(a, env_fd("ARCPOOL_IPC_SOCKET"), &im));
-  for (int value : {0x5a, 0x6b}) {
+
+  /// Creates the stream and the importer.
+  void connect() {
+    ASSERT_NE(nullptr, a);
+    ASSERT_OK(arcpool_stream_create(a, &s));
+    ASSERT_OK(arcpool_ipc_importer_create(a, env_fd("ARCPOOL_IPC_SOCKET"), &im));
+  }
+  /// The next import on `s`, its contents checked to be `value` (null on failure).
+  arcpool_allocation_t* receive_filled(int value) {
     arcpool_allocation_t* h = nullptr;
-    ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+    EXPECT_OK(arcpool_ipc_receive(im, s, &h));
+    if (h != nullptr) expect_filled(h, s, value);
+    return h;
+  }
+  /// Drops import `h` and completes its reclaim here: its release goes to the exporter.
+  void release(arcpool_allocation_t* h) {
+    ASSERT_OK(arcpool_allocation_discard_and_release(h));
+    ASSERT_OK(arcpool_allocator_trim(a, 0));
+  }
+  /// Expects the next receive to find the exporter gone.
+  void expect_exporter_gone() {
+    arcpool_allocation_t* next = nullptr;
+    EXPECT_STATUS(ARCPOOL_STATUS_PEER_GONE, arcpool_ipc_receive(im, s, &next));
+  }
+  /// Destroys the stream once its work ran.
+  void end_stream() {
+    ASSERT_OK(arcpool_stream_synchronize(a, s));
+    ASSERT_OK(arcpool_stream_destroy(a, s));
+  }
+};
+
+TEST(IpcChild, DISABLED_ImporterChecksAndFrees) {
+  importing_side side;
+  ASSERT_NO_FATAL_FAILURE(side.connect());
+  auto& [a, s, im] = side;
+  for (int value : {0x5a, 0x6b}) {
+    arcpool_allocation_t* h = side.receive_filled(value);
+    ASSERT_NE(nullptr, h);
     EXPECT_EQ(kBytes, arcpool_allocation_size(h));
-    expect_filled(h, s, value);
     void* p = nullptr;
     ASSERT_OK(arcpool_allocation_data(h, &p));
     if (std::getenv("ARCPOOL_IPC_READ_ONLY") == nullptr) {  // a use of the import
@@ -433,32 +484,39 @@ TEST(IpcChild, DISABLED_ImporterChecksAndFrees) {
   report('f');
   wait_for_parent();
   arcpool_ipc_importer_destroy(im);
-  ASSERT_OK(arcpool_stream_synchronize(a, s));
-  ASSERT_OK(arcpool_stream_destroy(a, s));
+  ASSERT_NO_FATAL_FAILURE(side.end_stream());
   arcpool_allocator_destroy(a);
   EXPECT_EQ("", take_simcuda_violations());
 }
 
 TEST(IpcChild, DISABLED_ImporterHearsGoodbye) {
-  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
-  arcpool_ipc_importer_t* im = nullptr;
-  ASSERT_OK(arcpool_ipc_importer_create(a, env_fd("ARCPOOL_IPC_SOCKET"), &im));
-  arcpool_allocation_t* h = nullptr;
-  ASSERT_OK(arcpool_ipc_receive(im, s, &h));
-  expect_filled(h, s, 0x22);
+  importing_side side;
+  ASSERT_NO_FATAL_FAILURE(side.connect());
+  arcpool_allocation_t* h = side.receive_filled(0x22);
+  ASSERT_NE(nullptr, h);
   report('h');
-  arcpool_allocation_t* next = nullptr;
-  EXPECT_STATUS(ARCPOOL_STATUS_PEER_GONE, arcpool_ipc_receive(im, s, &next));
-  ASSERT_OK(arcpool_allocation_discard_and_release(h));
-  ASSERT_OK(arcpool_allocator_trim(a, 0));  // the release goes to the exporter's watcher
-  ASSERT_OK(arcpool_stream_synchronize(a, s));
-  ASSERT_OK(arcpool_stream_destroy(a, s));
-  // The importer outlives the application's handle: its own keeps the allocator (and the driver
-  // its events and stream live on) until it has destroyed them.
-  arcpool_allocator_destroy(a);
-  arcpool_ipc_importer_destroy(im);
+  side.expect_exporter_gone();
+  ASSERT_NO_FATAL_FAILURE(side.release(h));
+  arcpool_ipc_importer_destroy(side.im);
+  ASSERT_NO_FATAL_FAILURE(side.end_stream());
+  arcpool_allocator_destroy(side.a);
+}
+
+TEST(IpcChild, DISABLED_ImporterReleasesThenOutlivesItsAllocatorHandle) {
+  importing_side side;
+  ASSERT_NO_FATAL_FAILURE(side.connect());
+  arcpool_allocation_t* h = side.receive_filled(0x33);
+  ASSERT_NE(nullptr, h);
+  ASSERT_NO_FATAL_FAILURE(side.release(h));
+  report('r');
+  // The exporter's acknowledgement puts the release event back into the importer's event pool;
+  // its goodbye follows.
+  side.expect_exporter_gone();
+  ASSERT_NO_FATAL_FAILURE(side.end_stream());
+  // The application's handle goes first: the importer's own keeps the allocator, and with it the
+  // driver that destroys the pooled event, until the importer is gone.
+  arcpool_allocator_destroy(side.a);
+  arcpool_ipc_importer_destroy(side.im);
 }
 
 // The two children below use the C++ API (arcpool::ipc_importer, arcpool::ipc_exporter).
