@@ -11,7 +11,7 @@ uint64_t this_thread_serial() noexcept {
 }
 
 arcpool_status_t stream_entry::retire(event_pool& events) {
-  std::unique_lock<std::shared_mutex> lock(mutex_);
+  std::unique_lock<shared_spinlock> lock(mutex_);
   if (!alive_.load(std::memory_order_relaxed)) return ARCPOOL_STATUS_SUCCESS;
   fence_ref last;
   ARCPOOL_RETURN_IF_ERROR(events.record(handle_, id_, &last));

@@ -14,6 +14,7 @@
 #include "core/fence.hpp"
 #include "drivers/driver.hpp"
 #include "observe/stream_stats.hpp"
+#include "support/spinlock.hpp"
 
 namespace arcpool::detail {
 
@@ -38,7 +39,7 @@ class stream_entry {
   /// mistaken for retirement).
   template <class F>
   std::optional<arcpool_status_t> with_alive(F&& fn) {
-    std::shared_lock<std::shared_mutex> lock(mutex_);
+    std::shared_lock<shared_spinlock> lock(mutex_);
     if (!alive_.load(std::memory_order_relaxed)) return std::nullopt;
     return fn(handle_);
   }
@@ -55,7 +56,7 @@ class stream_entry {
 
   /// The fence recorded at retirement (null while alive).
   fence_ref final_fence() {
-    std::shared_lock<std::shared_mutex> lock(mutex_);
+    std::shared_lock<shared_spinlock> lock(mutex_);
     return final_;
   }
 
@@ -64,7 +65,9 @@ class stream_entry {
   const uint64_t id_;
   const bool created_;
   stream_stats* const stats_;
-  std::shared_mutex mutex_;
+  /// Held shared by every enqueue while alive, exclusively by retirement (a pthread rwlock pair
+  /// cost transfer about 60 instructions under callgrind).
+  shared_spinlock mutex_;
   std::atomic<bool> alive_{true};
   fence_ref final_;
   block_cache cache_;
