@@ -16,7 +16,17 @@ arcpool_status_t allocator::malloc_by_pointer(size_t size, size_t alignment, str
     *out = nullptr;
     return status;
   }
-  by_pointer_allocations().insert(record);  // the map keeps the claim and the reference
+  // The map keeps the claim and the reference.
+  if (!by_pointer_allocations().insert(record)) {
+    // Nothing was handed out: the memory goes back in stream order, as a free would.
+    const arcpool_status_t status = deallocate(*record, s, 0);
+    record->release();
+    *out = nullptr;
+    return status != ARCPOOL_STATUS_SUCCESS
+               ? status
+               : fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                      "no host memory to record a by-pointer allocation of %zu bytes", size);
+  }
   *out = record->placement.data;
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -41,7 +51,10 @@ arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device
     status = a->owner.deallocate(*a, s, 0);
   }
   if (status != ARCPOOL_STATUS_SUCCESS) {
-    map.insert(a);  // nothing was freed: the entry goes back as it was
+    // Nothing was freed: the entry goes back as it was. That fails only when other threads'
+    // inserts made the table grow meanwhile and host memory ran out: then the map's reference
+    // goes, and its last reference frees the memory on its current stream (design.md §3).
+    if (!map.insert(a)) a->release();
     return status;
   }
   a->release();  // the map's reference

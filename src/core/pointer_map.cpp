@@ -4,33 +4,26 @@
 
 namespace arcpool::detail {
 
-void pointer_map::insert(allocation* a) {
+bool pointer_map::insert(allocation* a) {
   std::lock_guard<spinlock> lock(mutex_);
-  by_start_[reinterpret_cast<uintptr_t>(a->placement.data)] = a;
-}
-
-pointer_map::map::const_iterator pointer_map::containing(const void* p) const {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  auto it = by_start_.upper_bound(address);
-  if (it == by_start_.begin()) return by_start_.end();
-  --it;
-  return address - it->first < it->second->placement.size ? it : by_start_.end();
+  return by_start_.insert(reinterpret_cast<uintptr_t>(a->placement.data), a->placement.size, a);
 }
 
 allocation* pointer_map::find(const void* p) const {
   std::lock_guard<spinlock> lock(mutex_);
-  const auto it = containing(p);
-  if (it == by_start_.end()) return nullptr;
-  it->second->retain();
-  return it->second;
+  const size_t i = by_start_.locate(reinterpret_cast<uintptr_t>(p));
+  if (i == address_table<allocation>::npos) return nullptr;
+  allocation* a = by_start_.value_at(i);
+  a->retain();
+  return a;
 }
 
 allocation* pointer_map::take(const void* p) {
   std::lock_guard<spinlock> lock(mutex_);
-  const auto it = containing(p);
-  if (it == by_start_.end()) return nullptr;
-  allocation* a = it->second;
-  by_start_.erase(it);
+  const size_t i = by_start_.locate(reinterpret_cast<uintptr_t>(p));
+  if (i == address_table<allocation>::npos) return nullptr;
+  allocation* a = by_start_.value_at(i);
+  by_start_.erase(i);
   return a;
 }
 

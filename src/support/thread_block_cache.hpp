@@ -107,43 +107,4 @@ class thread_block_cache {
   }
 };
 
-/// A standard allocator of single objects from a thread_block_cache: node-based containers
-/// (std::map) then allocate their nodes with no heap call once warm.
-template <class T, class Tag>
-class thread_block_allocator {
- public:
-  using value_type = T;
-
-  thread_block_allocator() noexcept = default;
-  template <class U>
-  thread_block_allocator(const thread_block_allocator<U, Tag>&) noexcept {}
-
-  T* allocate(size_t n) {
-    if (n == 1) return static_cast<T*>(blocks::allocate());
-    return static_cast<T*>(::operator new(n * sizeof(T)));
-  }
-  void deallocate(T* p, size_t n) noexcept {
-    if (n == 1) {
-      blocks::free(p);
-    } else {
-      ::operator delete(p);
-    }
-  }
-
-  template <class U>
-  struct rebind {
-    using other = thread_block_allocator<U, Tag>;
-  };
-  friend bool operator==(const thread_block_allocator&, const thread_block_allocator&) noexcept {
-    return true;
-  }
-  friend bool operator!=(const thread_block_allocator&, const thread_block_allocator&) noexcept {
-    return false;
-  }
-
- private:
-  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "blocks have new's alignment");
-  using blocks = thread_block_cache<(sizeof(T) + 15) / 16 * 16, Tag>;
-};
-
 }  // namespace arcpool::detail
