@@ -117,12 +117,42 @@ arcpool_status_t allocator::take_from_pool(allocation::params& p, stream_handle 
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignment,
+                                         const stream_ref& origin, allocation** out) {
+  // Only created, registered and legacy default streams have caches: never a per-thread
+  // default stream, whose allocations take a fence (allocate_uncached).
+  driver_->note_acquire(block, size, origin.handle);
+  allocation* a =
+      new (std::nothrow) allocation(*this, origin, size, alignment, block, next_serial());
+  if (a == nullptr) {
+    allocation::params p;
+    p.base = block;
+    p.held_bytes = size;
+    give_back(p, origin.handle, /*from_cache=*/true);
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
+  }
+  const shard_slot slot = thread_shard();
+  records_.add(slot, 1);
+  stats::local st = stats_.at(slot);
+  st.count(stat::cache_hits);
+  st.sub(stat::bytes_cached, static_cast<int64_t>(size));
+  st.count(stat::allocations);
+  st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
+  st.add(stat::bytes_in_use, static_cast<int64_t>(size));
+  stream_stats_of(origin).allocated(size, /*cache_hit=*/true);
+  if (log_.enabled()) log_.write("allocate", block, size, origin.handle);
+  if (history_.enabled()) history_.alloc(block, size, origin.handle);
+  nvtx::name_region(block, size, a->placement.serial);
+  *out = a;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
                                      allocation** out) {
-  // The fast path is the cache hit below: a block of exactly this size freed earlier on this
-  // stream. Stream order makes it safe with no event: every wait it needed was enqueued before
-  // it was cached. It takes no lock but the stream cache's spinlock, allocates nothing from the
-  // heap (the record comes from the thread's free list) and makes one runtime call, the capture
+  // The fast path is the cache hit: a block of exactly this size freed earlier on this stream.
+  // Stream order makes it safe with no event: every wait it needed was enqueued before it was
+  // cached. It takes no lock but the stream cache's spinlock, allocates nothing from the heap
+  // (the record comes from the thread's free list) and makes one runtime call, the capture
   // check (a capturing stream takes allocate_in_capture instead). Its budget is
   // tools/instruction-budget's "pair" row, with the same-stream free and the release.
   if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
@@ -133,52 +163,53 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   if ((flags & ~uint32_t{ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME}) != 0) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown allocation flags 0x%x", flags);
   }
-  allocation::params p;
-  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &p.origin));
+  stream_ref origin;
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &origin));
   bool capturing = false;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
-  if (capturing) return allocate_in_capture(size, alignment, flags, p.origin, out);
+  if (capturing) return allocate_in_capture(size, alignment, flags, origin, out);
+  if (flags == 0 && cacheable(size, alignment)) {
+    if (block_cache* cache = cache_for(origin)) {
+      if (void* block = cache->take(size)) return adopt_cached(block, size, alignment, origin, out);
+    }
+  }
+  return allocate_uncached(size, alignment, flags, origin, out);
+}
+
+arcpool_status_t allocator::allocate_uncached(size_t size, size_t alignment, uint32_t flags,
+                                              const stream_ref& origin, allocation** out) {
+  const stream_handle s = origin.handle;
+  allocation::params p;
+  p.origin = origin;
   p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS;
   if (flags & ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME) {
     p.placement_flags |= ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;
   }
   p.size = size;
   p.alignment = alignment;
-  block_cache* cache = flags == 0 && cacheable(size, alignment) ? cache_for(p.origin) : nullptr;
-  void* block = cache != nullptr ? cache->take(size) : nullptr;
-  if (block != nullptr) {
-    driver_->note_acquire(block, size, s);
-    p.base = p.data = block;
-    p.held_bytes = size;
-  } else {
-    ARCPOOL_RETURN_IF_ERROR(take_from_pool(p, s));
-  }
+  ARCPOOL_RETURN_IF_ERROR(take_from_pool(p, s));
   // Another thread may deallocate or transfer it, and cannot fence this thread's per-thread
   // default stream: fence it now, after the allocation (§6).
   fence_ref named;
   if (p.origin.kind == stream_kind::per_thread_default && p.base != nullptr) {
     if (arcpool_status_t status = take_fence(p.origin, &named); status != ARCPOOL_STATUS_SUCCESS) {
-      give_back(p, s, block != nullptr);
+      give_back(p, s, /*from_cache=*/false);
       return status;
     }
   }
   p.serial = next_serial();
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
-    give_back(p, s, block != nullptr);
+    give_back(p, s, /*from_cache=*/false);
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
   }
   a->current_fence = std::move(named);
   record_created();
   stats::local st = stats_.here();
-  if (block != nullptr) {
-    st.count(stat::cache_hits);
-    st.sub(stat::bytes_cached, static_cast<int64_t>(size));
-  }
   st.count(stat::allocations);
   st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
   st.add(stat::bytes_in_use, static_cast<int64_t>(size));
-  stream_stats_of(p.origin).allocated(size, block != nullptr);
+  stream_stats_of(p.origin).allocated(size, /*cache_hit=*/false);
   if (log_.enabled()) log_.write("allocate", p.data, size, s);
   if (history_.enabled()) history_.alloc(p.base, size, s);
   nvtx::name_region(p.data, size, p.serial);

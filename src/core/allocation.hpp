@@ -69,6 +69,15 @@ class allocation final : public arcpool_allocation {
   };
 
   allocation(allocator& owner, const params& p);
+  /// A cache hit's record, built in place: `bytes` at `block` (held whole, aligned to the
+  /// pool's alignment) on `origin`, ASYNCHRONOUS and nothing else.
+  allocation(allocator& owner_allocator, const stream_ref& origin, size_t bytes, size_t alignment,
+             void* block, uint64_t serial) noexcept
+      : arcpool_allocation(this, 0, bytes, false),
+        owner(owner_allocator),
+        placement{serial, origin, ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS, bytes, alignment, block,
+                  block,  bytes},
+        current(origin) {}
 
   /// Records come from the calling thread's free list of record-sized blocks, not the heap.
   static void* operator new(size_t n) {

@@ -236,12 +236,6 @@ arcpool_status_t allocator::unregister_stream(stream_handle s) {
 // ---------------------------------------------------------------------------------------------
 // The fast path's caches
 
-block_cache* allocator::cache_for(const stream_ref& s) noexcept {
-  if (config_.stream_cache_bytes == 0) return nullptr;
-  if (s.entry != nullptr) return &s.entry->cache();
-  return s.kind == stream_kind::legacy_default ? &legacy_cache_ : nullptr;
-}
-
 size_t allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
   int64_t blocks = 0;
   const size_t bytes = cache.drain(

@@ -217,13 +217,17 @@ class allocator {
                                        bool implicit, std::unique_lock<spinlock>& lock);
   /// Makes `target` wait on `fences`, commits the deallocation (a failure so far changes
   /// nothing), clears the use records and frees on `target` (into `target_cache` when it keeps
-  /// the block); counts the free.
+  /// the block); counts the free, and `route_counter` once it succeeded.
   arcpool_status_t commit_and_free(allocation& a, const stream_ref& caller, bool force,
                                    bool implicit, stream_handle target, block_cache* target_cache,
-                                   const fence_list& fences);
+                                   const fence_list& fences, stat::counter route_counter);
   /// The fast path's cache of `s`: streams arcpool can prove alive and the legacy default
   /// stream; null when the cache is off or `s` has none.
-  block_cache* cache_for(const stream_ref& s) noexcept;
+  block_cache* cache_for(const stream_ref& s) noexcept {
+    if (config_.stream_cache_bytes == 0) return nullptr;
+    if (s.entry != nullptr) return &s.entry->cache();
+    return s.kind == stream_kind::legacy_default ? &legacy_cache_ : nullptr;
+  }
   /// Whether a block of this allocation may be cached.
   bool cacheable(size_t size, size_t alignment) const noexcept {
     return config_.stream_cache_bytes != 0 && size != 0 && size <= config_.stream_cache_max_block &&
@@ -264,6 +268,12 @@ class allocator {
   static arcpool_status_t padded_size(size_t size, size_t alignment, size_t* out);
   /// `p` aligned up to `alignment` (a power of two).
   static void* align_up(void* p, size_t alignment);
+  /// allocate's cache hit: the record of `block` (exactly `size` bytes) on `origin`.
+  arcpool_status_t adopt_cached(void* block, size_t size, size_t alignment,
+                                const stream_ref& origin, allocation** out);
+  /// allocate without a cache hit: a block from the pool (none for zero bytes).
+  arcpool_status_t allocate_uncached(size_t size, size_t alignment, uint32_t flags,
+                                     const stream_ref& origin, allocation** out);
   /// The fast path's miss: a block for `p` (size and alignment set) from the pool.
   arcpool_status_t take_from_pool(allocation::params& p, stream_handle s);
   /// Gives the block of a failed allocation back to the pool on `s`.
@@ -276,6 +286,10 @@ class allocator {
   }
   arcpool_status_t describe_ownership_failure(const allocation& a, ownership_result r,
                                               const char* what);
+
+  /// on_last_reference of a `leaked` owner (live or unowned), or of indeterminate memory: frees
+  /// it (out of line: the fast path's records are deallocated and determinate).
+  [[gnu::noinline]] void free_at_last_reference(allocation* a, bool leaked) noexcept;
 
   /// The stream a stream-less call uses, and whether it must synchronize (under ambient_mutex_).
   arcpool_status_t ambient_stream(stream_handle* out, bool* synchronize);

@@ -165,7 +165,8 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
 
 arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,
                                             bool implicit, stream_handle target,
-                                            block_cache* target_cache, const fence_list& fences) {
+                                            block_cache* target_cache, const fence_list& fences,
+                                            stat::counter route_counter) {
   // The waits first: if one fails nothing has changed (a wait is harmless if the commit then
   // fails).
   if (!fences.empty()) ARCPOOL_RETURN_IF_ERROR(wait_all(target, fences));
@@ -185,6 +186,7 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
     if (recording) history_.free_completed(a.placement.base, target);
     if (target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
       st.count(stat::cache_frees);
+      st.count(route_counter);
       st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
       driver_->note_release(a.placement.base, a.placement.held_bytes, target);
       return ARCPOOL_STATUS_SUCCESS;
@@ -195,7 +197,10 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   const arcpool_status_t status =
       driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
   if (!a.graph()) st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
-  if (status == ARCPOOL_STATUS_SUCCESS) st.count(stat::frees);
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    st.count(stat::frees);
+    st.count(route_counter);
+  }
   return status;
 }
 
@@ -259,10 +264,8 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   const stream_ref& origin = a.placement.origin;
 
   if (r == route::same_stream) {
-    ARCPOOL_RETURN_IF_ERROR(
-        commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
-    stats_.count(stat::same_stream_frees);
-    return ARCPOOL_STATUS_SUCCESS;
+    return commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences,
+                           stat::same_stream_frees);
   }
 
   if (r == route::prefer_origin && origin.id != caller.id) {
@@ -271,9 +274,8 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
       // The origin stays alive for the whole call: waits, commit and free.
       const std::optional<arcpool_status_t> freed = origin.entry->with_alive([&](stream_handle h) {
         ARCPOOL_RETURN_IF_ERROR(check_not_capturing(origin, "deallocate"));
-        ARCPOOL_RETURN_IF_ERROR(
-            commit_and_free(a, caller, force, implicit, h, cache_for(origin), fences));
-        stats_.count(stat::cross_stream_frees);
+        ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, force, implicit, h, cache_for(origin),
+                                                fences, stat::cross_stream_frees));
         stream_stats_of(origin).cross_stream_free();
         stats_.count(stat::origin_routed_frees);
         return ARCPOOL_STATUS_SUCCESS;
@@ -289,9 +291,8 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 
   if (r == route::wait_and_free || r == route::prefer_origin) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, caller.id, &fences));
-    ARCPOOL_RETURN_IF_ERROR(
-        commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences));
-    stats_.count(stat::cross_stream_frees);
+    ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, force, implicit, caller.handle,
+                                            cache_for(caller), fences, stat::cross_stream_frees));
     stream_stats_of(origin).cross_stream_free();
     return ARCPOOL_STATUS_SUCCESS;
   }
@@ -316,13 +317,15 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 }
 
 arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t flags) {
-  if ((flags & ~kDeallocateFlags) != 0) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown deallocation flags 0x%x", flags);
-  }
-  const uint32_t routing = flags & kRoutingFlags;
-  if ((routing & (routing - 1)) != 0) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
-                "deallocation flags 0x%x name more than one routing strategy", flags);
+  if (flags != 0) {
+    if ((flags & ~kDeallocateFlags) != 0) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown deallocation flags 0x%x", flags);
+    }
+    const uint32_t routing = flags & kRoutingFlags;
+    if ((routing & (routing - 1)) != 0) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  "deallocation flags 0x%x name more than one routing strategy", flags);
+    }
   }
   stream_ref caller;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &caller));
@@ -336,10 +339,8 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
     bool capturing = false;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(caller.handle, &capturing));
     if (!capturing) {
-      ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, /*force=*/false, /*implicit=*/false,
-                                              caller.handle, cache_for(caller), fence_list()));
-      stats_.count(stat::same_stream_frees);
-      return ARCPOOL_STATUS_SUCCESS;
+      return commit_and_free(a, caller, /*force=*/false, /*implicit=*/false, caller.handle,
+                             cache_for(caller), fence_list(), stat::same_stream_frees);
     }
   }
   return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
@@ -353,10 +354,23 @@ arcpool_status_t allocator::deallocate_on_current(allocation& a) {
 }
 
 void allocator::on_last_reference(allocation* a) noexcept {
+  // The common case takes no lock: deallocated (or exported) memory of a determinate lifetime
+  // leaves nothing to free, and no other thread reaches a record whose last reference went
+  // (the reference count's acquire made the other holders' writes visible).
+  const auto state = a->owners.load().st;
+  const bool leaked = state == ARCPOOL_ALLOCATION_LIVE || state == ARCPOOL_ALLOCATION_UNOWNED;
+  if (!leaked && !a->indeterminate()) {
+    delete a;
+    record_destroyed();
+    return;
+  }
+  free_at_last_reference(a, leaked);
+}
+
+void allocator::free_at_last_reference(allocation* a, bool leaked) noexcept {
   {
     std::unique_lock<spinlock> lock(a->mutex);
-    const auto st = a->owners.load().st;
-    if (st == ARCPOOL_ALLOCATION_LIVE || st == ARCPOOL_ALLOCATION_UNOWNED) {
+    if (leaked) {
       // A leaked owner: free stream-ordered on the current stream (alive by contract, or
       // retired, in which case its final fence goes to the reclaimer).
       const stream_ref caller = a->current;

@@ -78,9 +78,17 @@ class stats {
         return;
       }
       std::atomic<int64_t>& pending = shard_.value[stat::kCounters + g];
-      shard_add(pending, n, exclusive_);
-      const int64_t v = pending.load(std::memory_order_relaxed);
-      if (v > threshold || v < -threshold) flush_batch(g, total, pending);
+      int64_t v = n;
+      if (exclusive_) {
+        v += pending.load(std::memory_order_relaxed);
+        pending.store(v, std::memory_order_relaxed);
+      } else {
+        v += pending.fetch_add(n, std::memory_order_relaxed);
+      }
+      // Outside [-threshold, threshold], in one unsigned comparison.
+      if (static_cast<uint64_t>(v + threshold) > static_cast<uint64_t>(2 * threshold)) {
+        flush_batch(g, total, pending);
+      }
     }
     void sub(stat::gauge g, int64_t n) noexcept { add(g, -n); }
 
@@ -106,6 +114,8 @@ class stats {
 
   /// The calling thread's shard.
   local here() noexcept { return local(*this, thread_shard()); }
+  /// The calling thread's shard by its slot, looked up by the caller (thread_shard()).
+  local at(shard_slot slot) noexcept { return local(*this, slot); }
 
   /// One update through the calling thread's shard (for code off the fast path).
   void count(stat::counter c, int64_t n = 1) noexcept { here().count(c, n); }

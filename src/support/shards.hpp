@@ -53,10 +53,9 @@ inline void shard_add(std::atomic<int64_t>& v, int64_t n, bool exclusive,
 /// A counter summed over per-thread shards: adding never contends.
 class sharded_counter {
  public:
-  void add(int64_t n = 1) noexcept {
-    const shard_slot s = thread_shard();
-    shard_add(shards_[s.index].value, n, s.exclusive);
-  }
+  void add(int64_t n = 1) noexcept { add(thread_shard(), n); }
+  /// Adds through the calling thread's slot, looked up by the caller.
+  void add(shard_slot s, int64_t n) noexcept { shard_add(shards_[s.index].value, n, s.exclusive); }
   /// Adds with release order: the caller's earlier writes happen before a sum_acquire that
   /// sees this change.
   void add_release(int64_t n) noexcept {
