@@ -221,6 +221,15 @@ class allocator {
   arcpool_status_t commit_and_free(allocation& a, const stream_ref& caller, bool force,
                                    bool implicit, stream_handle target, block_cache* target_cache,
                                    const fence_list& fences, stat::counter route_counter);
+  /// The end of commit_and_free, after the commit: the block goes to `target_cache` or back to
+  /// the pool on `target` (the before-free hook first); counts it, and `route_counter` once it
+  /// succeeded, through `st`.
+  arcpool_status_t free_block(allocation& a, stream_handle target, block_cache* target_cache,
+                              stat::counter route_counter, stats::local& st);
+  /// deallocate's fast path (is_same_stream_free, not capturing, no flags): commit_and_free on
+  /// the caller's stream without fences or use records, every call inlined, so that the
+  /// constant arguments prune it.
+  [[gnu::flatten]] arcpool_status_t free_same_stream(allocation& a, const stream_ref& caller);
   /// The fast path's cache of `s`: streams arcpool can prove alive and the legacy default
   /// stream; null when the cache is off or `s` has none.
   block_cache* cache_for(const stream_ref& s) noexcept {

@@ -173,6 +173,12 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   stats::local st = stats_.here();
   ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle, st));
   if (!a.uses.empty()) a.uses.clear();
+  return free_block(a, target, target_cache, route_counter, st);
+}
+
+arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
+                                       block_cache* target_cache, stat::counter route_counter,
+                                       stats::local& st) {
   if (config_.before_free != nullptr) {
     config_.before_free(a.placement.base, a.placement.held_bytes, target,
                         config_.before_free_user_data);
@@ -202,6 +208,13 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
     st.count(route_counter);
   }
   return status;
+}
+
+arcpool_status_t allocator::free_same_stream(allocation& a, const stream_ref& caller) {
+  // No fences and no use records (is_same_stream_free): the commit, then the block.
+  stats::local st = stats_.here();
+  ARCPOOL_RETURN_IF_ERROR(commit(a, /*force=*/false, /*implicit=*/false, caller.handle, st));
+  return free_block(a, caller.handle, cache_for(caller), stat::same_stream_frees, st);
 }
 
 arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref& caller,
@@ -339,8 +352,7 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
     bool capturing = false;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(caller.handle, &capturing));
     if (!capturing) {
-      return commit_and_free(a, caller, /*force=*/false, /*implicit=*/false, caller.handle,
-                             cache_for(caller), fence_list(), stat::same_stream_frees);
+      return free_same_stream(a, caller);
     }
   }
   return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
