@@ -201,6 +201,9 @@ class allocator {
   arcpool_status_t capturing_failure(const stream_ref& s, const char* what);
   /// Takes a fence on `s` (its final fence if it was retired).
   arcpool_status_t take_fence(const stream_ref& s, fence_ref* out);
+  /// One fence for `s` into `out`: taken on it, or, for another thread's per-thread default
+  /// stream (never touched from here), `a.current_fence` when `s` is the current stream.
+  arcpool_status_t fence_stream(allocation& a, const stream_ref& s, fence_list* out);
   /// `skip_id` of collect_fences that skips no stream.
   static constexpr uint64_t kSkipNone = UINT64_MAX;
   /// Fences every stream the allocation's memory may be used on: `caller` (if given), the

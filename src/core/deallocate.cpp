@@ -40,8 +40,27 @@ arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
   return status;
 }
 
+arcpool_status_t allocator::fence_stream(allocation& a, const stream_ref& s, fence_list* out) {
+  if (!s.reachable()) {
+    // Another thread's per-thread default stream (the current stream, or an implicit free's
+    // caller, which is the current stream): its handle would name this thread's stream. The
+    // fence taken when it was named stands for it (§6).
+    if (a.current_fence && s.id == a.current.id) out->push_back(a.current_fence);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+  fence_ref f;
+  ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
+  out->push_back(std::move(f));
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* caller,
                                            uint64_t skip_id, fence_list* out) {
+  // The common case (a transfer, a free on another stream): no use records and no caller, so
+  // the current stream is the one to fence.
+  if (caller == nullptr && a.uses.empty()) {
+    return a.current.id == skip_id ? ARCPOOL_STATUS_SUCCESS : fence_stream(a, a.current, out);
+  }
   small_vector<uint64_t, 8> seen;
   if (skip_id != kSkipNone) seen.push_back(skip_id);
   auto fresh = [&seen](uint64_t id) {
@@ -51,25 +70,12 @@ arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* call
     seen.push_back(id);
     return true;
   };
-  auto take = [&](const stream_ref& s) -> arcpool_status_t {
-    if (!fresh(s.id)) return ARCPOOL_STATUS_SUCCESS;
-    if (!s.reachable()) {
-      // Another thread's per-thread default stream (the current stream, or an implicit free's
-      // caller, which is the current stream): its handle would name this thread's stream. The
-      // fence taken when it was named stands for it (§6).
-      if (a.current_fence && s.id == a.current.id) out->push_back(a.current_fence);
-      return ARCPOOL_STATUS_SUCCESS;
-    }
-    fence_ref f;
-    ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
-    out->push_back(std::move(f));
-    return ARCPOOL_STATUS_SUCCESS;
-  };
-  if (caller != nullptr) ARCPOOL_RETURN_IF_ERROR(take(*caller));
-  ARCPOOL_RETURN_IF_ERROR(take(a.current));
+  if (caller != nullptr && fresh(caller->id))
+    ARCPOOL_RETURN_IF_ERROR(fence_stream(a, *caller, out));
+  if (fresh(a.current.id)) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, a.current, out));
   for (const use_record& u : a.uses) {
     if (u.at_deallocation && u.stream.reachable()) {
-      ARCPOOL_RETURN_IF_ERROR(take(u.stream));
+      if (fresh(u.stream.id)) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, u.stream, out));
     } else if (fresh(u.stream.id)) {
       out->push_back(u.fence);
     }
