@@ -84,6 +84,18 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
     if (!user.provably_alive() &&
         (!record.at_deallocation || user.kind == stream_kind::per_thread_default)) {
       ARCPOOL_RETURN_IF_ERROR(take_fence(user, &record.fence));
+    } else {
+      // Fenced at deallocation with no fence now: a record that says the same of this stream,
+      // by the same registry entry (a stream unregistered and registered again has a new one,
+      // alive where the old is retired), already covers this use (a stream recorded again and
+      // again, as record_stream does).
+      for (const use_record& u : a.uses) {
+        if (u.stream.id == user.id && u.stream.entry == user.entry &&
+            u.stream.handle == user.handle && u.at_deallocation && !u.fence) {
+          stats_.count(stat::use_records);
+          return ARCPOOL_STATUS_SUCCESS;
+        }
+      }
     }
   }
   record.stream = std::move(user);
