@@ -91,13 +91,6 @@ void allocator::release() noexcept {
   }
 }
 
-void allocator::record_destroyed() noexcept {
-  // Read before the decrement: after it, the janitor may delete the allocator at any time.
-  const bool closing = closing_.load(std::memory_order_seq_cst);
-  records_.add_release(-1);
-  if (closing) janitor_wake();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Streams
 

@@ -9,6 +9,7 @@
 
 #include "core/allocation.hpp"
 #include "core/fence.hpp"
+#include "core/janitor.hpp"
 #include "core/options.hpp"
 #include "core/reclaimer.hpp"
 #include "core/stream.hpp"
@@ -40,7 +41,12 @@ class allocator {
   /// An allocation record was created / destroyed. record_destroyed must be the record's last
   /// touch of the allocator.
   void record_created() noexcept { records_.add(1); }
-  void record_destroyed() noexcept;
+  void record_destroyed() noexcept {
+    // Read before the decrement: after it, the janitor may delete the allocator at any time.
+    const bool closing = closing_.load(std::memory_order_seq_cst);
+    records_.add_release(-1);
+    if (closing) janitor_wake();
+  }
   /// No handle and no record left: the janitor may delete it.
   bool quiescent() const noexcept { return records_.sum_acquire() == 0; }
   /// Deletes a quiescent allocator (the janitor's, or release's when nothing is left).
