@@ -117,6 +117,18 @@ arcpool_status_t allocator::take_from_pool(allocation::params& p, stream_handle 
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+inline void allocator::count_allocation(const stream_ref& origin, void* base, void* data,
+                                        size_t size, uint64_t serial, stats::local& st,
+                                        bool cache_hit) {
+  st.count(stat::allocations);
+  st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
+  st.add(stat::bytes_in_use, static_cast<int64_t>(size));
+  stream_stats_of(origin).allocated(size, cache_hit);
+  if (log_.enabled()) log_.write("allocate", data, size, origin.handle);
+  if (history_.enabled()) history_.alloc(base, size, origin.handle);
+  nvtx::name_region(data, size, serial);
+}
+
 arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignment,
                                          const stream_ref& origin, allocation** out) {
   // Only created, registered and legacy default streams have caches: never a per-thread
@@ -136,13 +148,7 @@ arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignm
   stats::local st = stats_.at(slot);
   st.count(stat::cache_hits);
   st.sub(stat::bytes_cached, static_cast<int64_t>(size));
-  st.count(stat::allocations);
-  st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
-  st.add(stat::bytes_in_use, static_cast<int64_t>(size));
-  stream_stats_of(origin).allocated(size, /*cache_hit=*/true);
-  if (log_.enabled()) log_.write("allocate", block, size, origin.handle);
-  if (history_.enabled()) history_.alloc(block, size, origin.handle);
-  nvtx::name_region(block, size, a->placement.serial);
+  count_allocation(origin, block, block, size, a->placement.serial, st, /*cache_hit=*/true);
   *out = a;
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -206,13 +212,7 @@ arcpool_status_t allocator::allocate_uncached(size_t size, size_t alignment, uin
   a->current_fence = std::move(named);
   record_created();
   stats::local st = stats_.here();
-  st.count(stat::allocations);
-  st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
-  st.add(stat::bytes_in_use, static_cast<int64_t>(size));
-  stream_stats_of(p.origin).allocated(size, /*cache_hit=*/false);
-  if (log_.enabled()) log_.write("allocate", p.data, size, s);
-  if (history_.enabled()) history_.alloc(p.base, size, s);
-  nvtx::name_region(p.data, size, p.serial);
+  count_allocation(p.origin, p.base, p.data, size, p.serial, st, /*cache_hit=*/false);
   *out = a;
   return ARCPOOL_STATUS_SUCCESS;
 }

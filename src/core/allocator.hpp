@@ -289,6 +289,12 @@ class allocator {
   /// allocate's cache hit: the record of `block` (exactly `size` bytes) on `origin`.
   arcpool_status_t adopt_cached(void* block, size_t size, size_t alignment,
                                 const stream_ref& origin, allocation** out);
+  /// Counts a new allocation of `size` bytes at `data` (block `base`, serial `serial`) on
+  /// `origin`: its statistics through `st` and its stream's row, and its entries in the log, the
+  /// history and the NVTX tools. What both kinds of allocation do last.
+  [[gnu::always_inline]] void count_allocation(const stream_ref& origin, void* base, void* data,
+                                               size_t size, uint64_t serial, stats::local& st,
+                                               bool cache_hit);
   /// allocate without a cache hit: a block from the pool (none for zero bytes).
   arcpool_status_t allocate_uncached(size_t size, size_t alignment, uint32_t flags,
                                      const stream_ref& origin, allocation** out);
