@@ -37,8 +37,15 @@ class slot_table {
 };
 
 /// Gives the slot back when the thread exits; constructed once per thread, on first use.
+/// Destructors of thread_locals constructed before it run after it and may still count
+/// (a per-thread buffer freed at exit): from then on the thread writes the shared last shard,
+/// atomically, never the slot another thread may own by then.
 struct slot_release {
-  ~slot_release() { slot_table::instance().release(t_shard_slot); }
+  ~slot_release() {
+    const shard_slot mine = t_shard_slot;
+    t_shard_slot = shard_slot{kShards - 1, false};
+    slot_table::instance().release(mine);
+  }
 };
 
 }  // namespace
