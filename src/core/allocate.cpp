@@ -120,7 +120,7 @@ arcpool_status_t allocator::take_from_pool(allocation::params& p, stream_handle 
 inline void allocator::count_allocation(const stream_ref& origin, void* base, void* data,
                                         size_t size, uint64_t serial, stats::local& st,
                                         bool cache_hit) {
-  st.count(stat::allocations);
+  st.count(cache_hit ? stat::cache_hits : stat::allocations);  // a hit is an allocation (sum)
   st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
   st.add(stat::bytes_in_use, static_cast<int64_t>(size));
   stream_stats_of(origin).allocated(size, cache_hit);
@@ -146,7 +146,6 @@ arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignm
   const shard_slot slot = thread_shard();
   records_.add(slot, 1);
   stats::local st = stats_.at(slot);
-  st.count(stat::cache_hits);
   st.sub(stat::bytes_cached, static_cast<int64_t>(size));
   count_allocation(origin, block, block, size, a->placement.serial, st, /*cache_hit=*/true);
   *out = a;

@@ -197,8 +197,8 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
   if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment)) {
     if (recording) history_.free_completed(a.placement.base, target);
     if (target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
-      st.count(stat::cache_frees);
-      st.count(route_counter);
+      st.count(route_counter == stat::same_stream_frees ? stat::cached_same_stream_frees
+                                                        : stat::cached_cross_stream_frees);
       st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
       driver_->note_release(a.placement.base, a.placement.held_bytes, target);
       return ARCPOOL_STATUS_SUCCESS;

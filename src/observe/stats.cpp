@@ -33,11 +33,28 @@ int64_t stats::peak(stat::gauge g) const noexcept {
   return p > now ? p : now;
 }
 
-int64_t stats::sum(stat::counter c) const noexcept {
+int64_t stats::raw_sum(stat::counter c) const noexcept {
   int64_t total = 0;
   for (const shard& s : shards_)
     total += s.value[c].load(std::memory_order_relaxed);
   return total;
+}
+
+int64_t stats::sum(stat::counter c) const noexcept {
+  const int64_t own = raw_sum(c);
+  switch (c) {
+    case stat::allocations:
+      return own + raw_sum(stat::cache_hits);
+    case stat::cache_frees:
+      return own + raw_sum(stat::cached_same_stream_frees) +
+             raw_sum(stat::cached_cross_stream_frees);
+    case stat::same_stream_frees:
+      return own + raw_sum(stat::cached_same_stream_frees);
+    case stat::cross_stream_frees:
+      return own + raw_sum(stat::cached_cross_stream_frees);
+    default:
+      return own;
+  }
 }
 
 void stats::read(const pool_figures& pool, arcpool_stats_t* out) const {

@@ -22,7 +22,12 @@ namespace stat {
 #define ARCPOOL_STATS_ENUM_(name, doc) name,
 enum counter : size_t {
   ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_ENUM_) ARCPOOL_STATS_GRAPH_COUNTERS(ARCPOOL_STATS_ENUM_)
-      kCounters
+  /// Internal, so that the fast path counts once where a free counts twice: a deallocation whose
+  /// block its stream's cache kept, freed on its origin stream (or for another stream). Each
+  /// counts as a cache free and a same-stream (cross-stream) free; stats::sum adds them in.
+  cached_same_stream_frees,
+  cached_cross_stream_frees,
+  kCounters
 };
 enum gauge : size_t {
   ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_ENUM_) ARCPOOL_STATS_GRAPH_GAUGES(ARCPOOL_STATS_ENUM_) kGauges
@@ -32,7 +37,9 @@ enum gauge : size_t {
 
 /// The allocator's gauges and counters, one entry per entry of the lists in arcpool.h.
 ///
-/// A gauge has a high-water mark. Each shard accumulates its changes and flushes them to the
+/// A cache hit counts as `cache_hits` alone, and sum() adds the hits to `allocations`; a free
+/// into a stream's cache counts one of the internal counters above. A gauge has a high-water
+/// mark. Each shard accumulates its changes and flushes them to the
 /// gauge's total once they exceed the gauge's threshold either way, where the peak is raised.
 /// current() is exact; peak() may miss a rise shorter than the unflushed amounts (at most the
 /// threshold per thread). A flush of bytes_in_use flushes the shard's allocations_in_use too,
@@ -72,11 +79,8 @@ class stats {
     }
     void add(stat::gauge g, int64_t n) noexcept {
       gauge_total& total = owner_.totals_[g];
+      // A threshold of 0 flushes every change before add returns: the total stays exact.
       const int64_t threshold = total.threshold.load(std::memory_order_relaxed);
-      if (threshold == 0) {
-        raise_peak(total, total.value.fetch_add(n, std::memory_order_relaxed) + n);
-        return;
-      }
       std::atomic<int64_t>& pending = shard_.value[stat::kCounters + g];
       int64_t v = n;
       if (exclusive_) {
@@ -132,7 +136,8 @@ class stats {
   /// A gauge's exact current value, and its high-water mark.
   int64_t current(stat::gauge g) const noexcept;
   int64_t peak(stat::gauge g) const noexcept;
-  /// A counter's sum; exact once the updating threads are quiescent.
+  /// A counter's sum, with the internal counters that count for it; exact once the updating
+  /// threads are quiescent.
   int64_t sum(stat::counter c) const noexcept;
 
   /// Fills the C struct (whose struct_size and version the caller set) with these values and
@@ -143,6 +148,8 @@ class stats {
   void reset_peaks() noexcept;
 
  private:
+  /// The shards' sum of `c` alone.
+  int64_t raw_sum(stat::counter c) const noexcept;
   static void raise_peak(gauge_total& total, int64_t now) noexcept {
     int64_t p = total.peak.load(std::memory_order_relaxed);
     while (now > p && !total.peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {

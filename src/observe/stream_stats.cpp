@@ -9,8 +9,8 @@ void stream_stats::read(arcpool_stream_stats_t* out) const noexcept {
   const int64_t peak = bytes_in_use_peak.load(std::memory_order_relaxed);
   out->bytes_in_use_current = static_cast<uint64_t>(now);
   out->bytes_in_use_peak = static_cast<uint64_t>(peak > now ? peak : now);
-  out->allocations = allocations.load(std::memory_order_relaxed);
   out->cache_hits = cache_hits.load(std::memory_order_relaxed);
+  out->allocations = allocations.load(std::memory_order_relaxed) + out->cache_hits;
   out->cross_stream_frees = cross_stream_frees.load(std::memory_order_relaxed);
   out->deferred_frees = deferred_frees.load(std::memory_order_relaxed);
 }

@@ -20,15 +20,14 @@ namespace arcpool::detail {
 struct alignas(64) stream_stats {
   std::atomic<int64_t> bytes_in_use{0};
   std::atomic<int64_t> bytes_in_use_peak{0};
-  std::atomic<uint64_t> allocations{0};
+  std::atomic<uint64_t> allocations{0};  ///< those not from the cache (read() adds the hits)
   std::atomic<uint64_t> cache_hits{0};
   std::atomic<uint64_t> cross_stream_frees{0};
   std::atomic<uint64_t> deferred_frees{0};
 
   /// An allocation of `bytes` on this stream (a cache hit or not).
   void allocated(size_t bytes, bool cache_hit) noexcept {
-    allocations.fetch_add(1, std::memory_order_relaxed);
-    if (cache_hit) cache_hits.fetch_add(1, std::memory_order_relaxed);
+    (cache_hit ? cache_hits : allocations).fetch_add(1, std::memory_order_relaxed);
     const int64_t now =
         bytes_in_use.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed) +
         static_cast<int64_t>(bytes);
