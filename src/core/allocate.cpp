@@ -17,16 +17,14 @@ bool is_power_of_two(size_t x) {
 
 /// Allocation serial numbers, unique per process, taken from a global counter in blocks so
 /// that threads do not contend on it.
-uint64_t next_serial() noexcept {
+uint64_t next_serial(thread_state& ts = this_thread_state()) noexcept {
   constexpr uint64_t kBlock = 1024;
   static std::atomic<uint64_t> global{1};
-  thread_local uint64_t next = 0;
-  thread_local uint64_t end = 0;
-  if (next == end) {
-    next = global.fetch_add(kBlock, std::memory_order_relaxed);
-    end = next + kBlock;
+  if (ts.next_serial == ts.serial_end) {
+    ts.next_serial = global.fetch_add(kBlock, std::memory_order_relaxed);
+    ts.serial_end = ts.next_serial + kBlock;
   }
-  return next++;
+  return ts.next_serial++;
 }
 
 }  // namespace
@@ -134,8 +132,8 @@ arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignm
   // Only created, registered and legacy default streams have caches: never a per-thread
   // default stream, whose allocations take a fence (allocate_uncached).
   driver_->note_acquire(block, size, origin.handle);
-  allocation* a =
-      new (std::nothrow) allocation(*this, origin, size, alignment, block, next_serial());
+  thread_state& ts = this_thread_state();  // the thread's one TLS lookup here
+  allocation* a = new (ts) allocation(*this, origin, size, alignment, block, next_serial(ts));
   if (a == nullptr) {
     allocation::params p;
     p.base = block;
@@ -143,7 +141,7 @@ arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignm
     give_back(p, origin.handle, /*from_cache=*/true);
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
   }
-  const shard_slot slot = thread_shard();
+  const shard_slot slot = thread_shard(ts);
   records_.add(slot, 1);
   stats::local st = stats_.at(slot);
   st.sub(stat::bytes_cached, static_cast<int64_t>(size));

@@ -11,7 +11,7 @@
 #include "core/stream.hpp"
 #include "support/refcount.hpp"
 #include "support/spinlock.hpp"
-#include "support/thread_block_cache.hpp"
+#include "support/thread_state.hpp"
 
 namespace arcpool::detail {
 class allocation;
@@ -80,20 +80,26 @@ class allocation final : public arcpool_allocation {
         current(origin) {}
 
   /// Records come from the calling thread's free list of record-sized blocks, not the heap.
-  static void* operator new(size_t n) {
-    return n == sizeof(allocation) ? record_blocks::allocate() : ::operator new(n);
+  static void* operator new(size_t) {
+    void* p = this_thread_state().records.allocate();
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
   }
-  static void* operator new(size_t n, const std::nothrow_t& nt) noexcept {
-    return n == sizeof(allocation) ? record_blocks::allocate(nt) : ::operator new(n, nt);
+  static void* operator new(size_t, const std::nothrow_t&) noexcept {
+    return this_thread_state().records.allocate();
   }
-  static void operator delete(void* p, size_t n) noexcept {
-    if (n == sizeof(allocation)) {
-      record_blocks::free(p);
-    } else {
-      ::operator delete(p);
-    }
+  /// From the list in `ts`, the calling thread's state that the caller looked up already.
+  static void* operator new(size_t, thread_state& ts) noexcept { return ts.records.allocate(); }
+  static void operator delete(void* p) noexcept { this_thread_state().records.free(p); }
+  static void operator delete(void* p, const std::nothrow_t&) noexcept {
+    this_thread_state().records.free(p);
   }
-  static void operator delete(void* p, const std::nothrow_t&) noexcept { record_blocks::free(p); }
+  static void operator delete(void* p, thread_state& ts) noexcept { ts.records.free(p); }
+  /// `delete a`, into the list in `ts` (the calling thread's state).
+  static void destroy(allocation* a, thread_state& ts) noexcept {
+    a->~allocation();
+    ts.records.free(a);
+  }
 
   allocator& owner;  ///< holds one reference to the allocator while the record exists
   const params placement;
@@ -137,14 +143,11 @@ class allocation final : public arcpool_allocation {
 
   /// "allocation #12 (4096 bytes at 0x7f..)", for messages.
   std::string describe() const;
-
- private:
-  struct record_tag;
-  using record_blocks = thread_block_cache<320, record_tag>;
 };
 
-static_assert(sizeof(allocation) <= 320 && alignof(allocation) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
-              "an allocation record fits the blocks of its thread_block_cache");
+static_assert(sizeof(allocation) <= block_list::kBlockBytes &&
+                  alignof(allocation) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
+              "an allocation record fits the blocks of the threads' record lists");
 
 /// Releases one reference through a handle: a view's own count, else the record's.
 void release_handle(arcpool_allocation* handle) noexcept;

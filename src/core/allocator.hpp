@@ -38,13 +38,13 @@ class allocator {
   /// reclaims).
   void release() noexcept;
 
-  /// An allocation record was created / destroyed. record_destroyed must be the record's last
-  /// touch of the allocator.
+  /// An allocation record was created / destroyed (counted in the shard `slot`).
+  /// record_destroyed must be the record's last touch of the allocator.
   void record_created() noexcept { records_.add(1); }
-  void record_destroyed() noexcept {
+  void record_destroyed(shard_slot slot = thread_shard()) noexcept {
     // Read before the decrement: after it, the janitor may delete the allocator at any time.
     const bool closing = closing_.load(std::memory_order_seq_cst);
-    records_.add_release(-1);
+    records_.add_release(slot, -1);
     if (closing) janitor_wake();
   }
   /// No handle and no record left: the janitor may delete it.

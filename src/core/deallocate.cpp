@@ -378,8 +378,9 @@ void allocator::on_last_reference(allocation* a) noexcept {
   const auto state = a->owners.load().st;
   const bool leaked = state == ARCPOOL_ALLOCATION_LIVE || state == ARCPOOL_ALLOCATION_UNOWNED;
   if (!leaked && !a->indeterminate()) {
-    delete a;
-    record_destroyed();
+    thread_state& ts = this_thread_state();
+    allocation::destroy(a, ts);
+    record_destroyed(thread_shard(ts));
     return;
   }
   free_at_last_reference(a, leaked);

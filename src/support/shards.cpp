@@ -42,8 +42,9 @@ class slot_table {
 /// atomically, never the slot another thread may own by then.
 struct slot_release {
   ~slot_release() {
-    const shard_slot mine = t_shard_slot;
-    t_shard_slot = shard_slot{kShards - 1, false};
+    shard_slot& slot = this_thread_state().slot;
+    const shard_slot mine = slot;
+    slot = shard_slot{kShards - 1, false};
     slot_table::instance().release(mine);
   }
 };
@@ -53,8 +54,9 @@ struct slot_release {
 shard_slot assign_thread_shard() noexcept {
   thread_local slot_release release_at_exit;
   (void)release_at_exit;
-  t_shard_slot = slot_table::instance().acquire();
-  return t_shard_slot;
+  shard_slot& slot = this_thread_state().slot;
+  slot = slot_table::instance().acquire();
+  return slot;
 }
 
 }  // namespace arcpool::detail

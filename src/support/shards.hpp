@@ -7,27 +7,25 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "support/thread_state.hpp"
+
 namespace arcpool::detail {
 
 /// Number of shards. Each of the first kShards live threads owns one exclusively (its updates
 /// are a plain load and store); threads beyond that share the last one (atomic add).
 inline constexpr size_t kShards = 64;
 
-/// The calling thread's shard: its index, and whether it owns it alone.
-struct shard_slot {
-  size_t index;
-  bool exclusive;
-};
-
-/// The calling thread's slot once assigned (constant-initialized: reading it is one TLS load).
-inline thread_local shard_slot t_shard_slot{SIZE_MAX, false};
-
 /// Assigns the calling thread's slot (first use).
 shard_slot assign_thread_shard() noexcept;
 
-inline shard_slot thread_shard() noexcept {
-  const shard_slot s = t_shard_slot;
+/// The slot of the thread whose state `ts` is.
+inline shard_slot thread_shard(thread_state& ts) noexcept {
+  const shard_slot s = ts.slot;
   return s.index != SIZE_MAX ? s : assign_thread_shard();
+}
+/// The calling thread's slot.
+inline shard_slot thread_shard() noexcept {
+  return thread_shard(this_thread_state());
 }
 
 /// A value alone on its cache line.
@@ -58,8 +56,7 @@ class sharded_counter {
   void add(shard_slot s, int64_t n) noexcept { shard_add(shards_[s.index].value, n, s.exclusive); }
   /// Adds with release order: the caller's earlier writes happen before a sum_acquire that
   /// sees this change.
-  void add_release(int64_t n) noexcept {
-    const shard_slot s = thread_shard();
+  void add_release(shard_slot s, int64_t n) noexcept {
     shard_add(shards_[s.index].value, n, s.exclusive, std::memory_order_release);
   }
   /// The sum; exact once the adding threads are quiescent.
