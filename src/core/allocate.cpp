@@ -171,7 +171,8 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   bool capturing = false;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
   if (capturing) return allocate_in_capture(size, alignment, flags, origin, out);
-  if (flags == 0 && cacheable(size, alignment)) {
+  // A cache holds only blocks of cacheable sizes (free_block), so the hit checks no size.
+  if (flags == 0 && alignment <= ARCPOOL_DEFAULT_ALIGNMENT) {
     if (block_cache* cache = cache_for(origin)) {
       if (void* block = cache->take(size)) return adopt_cached(block, size, alignment, origin, out);
     }
@@ -190,6 +191,7 @@ arcpool_status_t allocator::allocate_uncached(size_t size, size_t alignment, uin
   }
   p.size = size;
   p.alignment = alignment;
+  p.cacheable = cacheable(size, alignment);
   ARCPOOL_RETURN_IF_ERROR(take_from_pool(p, s));
   // Another thread may deallocate or transfer it, and cannot fence this thread's per-thread
   // default stream: fence it now, after the allocation (§6).

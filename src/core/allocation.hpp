@@ -52,6 +52,8 @@ class allocation final : public arcpool_allocation {
     uint64_t serial = 0;
     stream_ref origin;
     uint32_t placement_flags = 0;
+    /// Its block may go into a stream's cache when freed (allocator::cacheable, decided once).
+    bool cacheable = false;
     size_t size = 0;
     size_t alignment = 0;
     void* base = nullptr;   ///< the pool's pointer (or the imported pointer)
@@ -75,8 +77,15 @@ class allocation final : public arcpool_allocation {
              void* block, uint64_t serial) noexcept
       : arcpool_allocation(this, 0, bytes, false),
         owner(owner_allocator),
-        placement{serial, origin, ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS, bytes, alignment, block,
-                  block,  bytes},
+        placement{serial,
+                  origin,
+                  ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS,
+                  /*cacheable=*/true,
+                  bytes,
+                  alignment,
+                  block,
+                  block,
+                  bytes},
         current(origin) {}
 
   /// Records come from the calling thread's free list of record-sized blocks, not the heap.

@@ -71,8 +71,8 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
   p.alignment = alignment;
   size_t padded = 0;
   ARCPOOL_RETURN_IF_ERROR(padded_size(size, alignment, &padded));
-  // No stream cache either way: a cached block would be pool memory inside the graph, or graph
-  // memory lent outside it.
+  // No stream cache either way (p.cacheable stays false): a cached block would be pool memory
+  // inside the graph, or graph memory lent outside it.
   graph_pool* lender = size != 0 ? bound_pool(capture.id) : nullptr;
   if (lender != nullptr) {
     // A graph pool's block: pool memory reserved outside the capture.

@@ -189,12 +189,11 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
     config_.before_free(a.placement.base, a.placement.held_bytes, target,
                         config_.before_free_user_data);
   }
-  // Every wait the block needs is enqueued on `target`: its cache may keep it (§4), unless it
-  // is graph memory (never lent as pool memory).
-  if (a.graph()) target_cache = nullptr;
+  // Every wait the block needs is enqueued on `target`: its cache may keep it (§4) if its size
+  // and alignment allow (graph memory never: it is never lent as pool memory).
   // The history learns of a block's return before another thread can be handed it.
   const bool recording = history_.enabled();
-  if (target_cache != nullptr && cacheable(a.placement.size, a.placement.alignment)) {
+  if (target_cache != nullptr && a.placement.cacheable) {
     if (recording) history_.free_completed(a.placement.base, target);
     if (target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
       st.count(route_counter == stat::same_stream_frees ? stat::cached_same_stream_frees
