@@ -345,9 +345,17 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
                   "deallocation flags 0x%x name more than one routing strategy", flags);
     }
   }
-  stream_ref caller;
-  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &caller));
   std::unique_lock<spinlock> lock(a.mutex);
+  // The memory's current stream, created or registered and alive, is known without a lookup:
+  // while arcpool proves it alive its handle names no other stream (design.md §6).
+  stream_ref caller;
+  if (s == a.current.handle && a.current.provably_alive()) {
+    caller = a.current;
+  } else {
+    lock.unlock();  // a lookup may call the runtime
+    ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &caller));
+    lock.lock();
+  }
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(
       a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
   // The fast path's free: arcpool's own memory, used on its origin stream alone and freed
