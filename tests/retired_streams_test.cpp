@@ -204,6 +204,29 @@ TEST_P(RetiredStreams, ExplicitFreesWithAnUnregisteredCurrentStreamNeverEnqueueO
   }
 }
 
+/// Once unregistered, the current stream is an application stream again, and the application
+/// may go on using the memory there until it deallocates: a deallocation on that stream's handle
+/// waits for the work queued since, not only for the retired entry's final fence.
+TEST_P(RetiredStreams, ADeallocationOnItsUnregisteredCurrentStreamWaitsForTheWorkQueuedSince) {
+  arcpool_stream_t app = registered();
+  arcpool_allocation_t* a = allocate(kBytes, origin_);
+  void* const mem = data(a);
+  EXPECT_OK(arcpool_transfer(a, app));
+  ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+  gate& busy = block(app);  // after the final fence
+  fill_async(app, mem, kBytes, 0x35);
+  const uint64_t frees = stats().frees;
+  const size_t logged = frees_enqueued().size();
+  EXPECT_OK(arcpool_deallocate_async(a, app, 0));
+  run_unheld({origin_, current_, caller_});
+  expect_pending(1, kBytes, frees);  // waiting for the fill, queued after the final fence
+  busy.open();
+  sync(app);
+  finish_reclaims();
+  EXPECT_EQ(std::vector<arcpool_stream_t>{origin_}, streams_that_freed(mem, logged));
+  arcpool_allocation_release(a);
+}
+
 TEST_P(RetiredStreams, AUseRecordOnAStreamUnregisteredSinceIsCoveredByItsFinalFence) {
   arcpool_stream_t app = registered();
   arcpool_allocation_t* a = allocate(kBytes, origin_);
