@@ -64,7 +64,7 @@ arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device
 void allocator::set_hard_limit(size_t bytes) {
   // From now on the held-bytes gauge is exact (changes already pending in other threads'
   // shards, at most 1 MiB each, are counted when they flush).
-  if (bytes != 0) stats_.set_flush_threshold(stat::bytes_held, 0);
+  if (bytes != 0) stats_.make_bytes_held_exact();
   hard_limit_.store(bytes, std::memory_order_relaxed);
 }
 

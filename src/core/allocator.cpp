@@ -64,7 +64,7 @@ allocator::allocator(const allocator_config& config, std::unique_ptr<driver> drv
                  config.before_free_user_data) {
   // A hard limit is enforced on the exact total of held bytes.
   hard_limit_.store(config_.hard_limit_bytes, std::memory_order_relaxed);
-  if (config_.hard_limit_bytes != 0) stats_.set_flush_threshold(stat::bytes_held, 0);
+  if (config_.hard_limit_bytes != 0) stats_.make_bytes_held_exact();
 }
 
 allocator::~allocator() {

@@ -2,13 +2,7 @@
 
 namespace arcpool::detail {
 
-stats::stats() noexcept {
-  set_flush_threshold(stat::bytes_in_use, kByteFlush);
-  set_flush_threshold(stat::bytes_held, kByteFlush);
-  set_flush_threshold(stat::bytes_pending_free, kByteFlush);
-  set_flush_threshold(stat::bytes_cached, kByteFlush);
-  set_flush_threshold(stat::allocations_in_use, kCountFlush);
-}
+stats::stats() noexcept = default;
 
 bool stats::try_add(stat::gauge g, int64_t n, int64_t limit) noexcept {
   gauge_total& total = totals_[g];

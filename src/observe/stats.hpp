@@ -43,18 +43,20 @@ enum gauge : size_t {
 /// gauge's total once they exceed the gauge's threshold either way, where the peak is raised.
 /// current() is exact; peak() may miss a rise shorter than the unflushed amounts (at most the
 /// threshold per thread). A flush of bytes_in_use flushes the shard's allocations_in_use too,
-/// so the two peaks are taken at the same moments. A threshold of 0 makes every change exact (used
-/// under a hard limit).
+/// so the two peaks are taken at the same moments. The thresholds are constants, so that the
+/// fast path compares against an immediate, except bytes_held's, which a hard limit sets to 0:
+/// a threshold of 0 makes every change exact (the graph gauges' too).
 class stats {
   /// One thread shard's words: the counters, then the gauges' unflushed changes.
   struct alignas(64) shard {
     std::atomic<int64_t> value[stat::kCounters + stat::kGauges] = {};
   };
-  /// A gauge's flushed total, its peak and its flush threshold, alone on a cache line.
+  /// A gauge's flushed total, its peak and (bytes_held only) its flush threshold, alone on a
+  /// cache line.
   struct alignas(64) gauge_total {
     std::atomic<int64_t> value{0};
     std::atomic<int64_t> peak{0};
-    std::atomic<int64_t> threshold{0};
+    std::atomic<int64_t> threshold{kByteFlush};
   };
   static_assert(alignof(shard) == 64 && sizeof(shard) % 64 == 0,
                 "each thread's stats shard fills whole cache lines of its own");
@@ -80,7 +82,7 @@ class stats {
     void add(stat::gauge g, int64_t n) noexcept {
       gauge_total& total = owner_.totals_[g];
       // A threshold of 0 flushes every change before add returns: the total stays exact.
-      const int64_t threshold = total.threshold.load(std::memory_order_relaxed);
+      const int64_t threshold = threshold_of(g, total);
       std::atomic<int64_t>& pending = shard_.value[stat::kCounters + g];
       int64_t v = n;
       if (exclusive_) {
@@ -126,11 +128,11 @@ class stats {
   void add(stat::gauge g, int64_t n) noexcept { here().add(g, n); }
   void sub(stat::gauge g, int64_t n) noexcept { here().add(g, -n); }
 
-  /// Adds `n` to gauge `g` unless its exact total would exceed `limit` (threshold 0 only).
+  /// Adds `n` to gauge `g` unless its exact total would exceed `limit` (bytes_held once exact).
   bool try_add(stat::gauge g, int64_t n, int64_t limit) noexcept;
-  /// Sets the flush threshold of gauge `g` (0: every change is exact).
-  void set_flush_threshold(stat::gauge g, int64_t t) noexcept {
-    totals_[g].threshold.store(t, std::memory_order_relaxed);
+  /// Makes bytes_held exact from now on (a hard limit): its flush threshold becomes 0.
+  void make_bytes_held_exact() noexcept {
+    totals_[stat::bytes_held].threshold.store(0, std::memory_order_relaxed);
   }
 
   /// A gauge's exact current value, and its high-water mark.
@@ -148,6 +150,21 @@ class stats {
   void reset_peaks() noexcept;
 
  private:
+  /// Gauge `g`'s flush threshold: a constant (folded where `g` is), bytes_held's from `total`.
+  static int64_t threshold_of(stat::gauge g, const gauge_total& total) noexcept {
+    switch (g) {
+      case stat::bytes_in_use:
+      case stat::bytes_pending_free:
+      case stat::bytes_cached:
+        return kByteFlush;
+      case stat::allocations_in_use:
+        return kCountFlush;
+      case stat::bytes_held:
+        return total.threshold.load(std::memory_order_relaxed);
+      default:
+        return 0;
+    }
+  }
   /// The shards' sum of `c` alone.
   int64_t raw_sum(stat::counter c) const noexcept;
   static void raise_peak(gauge_total& total, int64_t now) noexcept {
