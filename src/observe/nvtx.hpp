@@ -34,7 +34,7 @@ bool decide() noexcept;
 /// True when an NVTX tool is attached. Inline: one load and a predictable branch.
 inline bool enabled() noexcept {
   const signed char v = g_attached.load(std::memory_order_relaxed);
-  return v > 0 || (v < 0 && decide());
+  return v != 0 && (v > 0 || decide());  // no tool: one test
 }
 
 /// One NVTX range for the scope of a public operation.
