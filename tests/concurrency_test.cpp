@@ -166,7 +166,58 @@ TEST_P(Concurrency, ConcurrentDeallocationsAcceptExactlyOne) {
   EXPECT_EQ(20u, stats().frees);
 }
 
+/// With the stream caches on: the fast path (cache hits and same-stream frees into the cache).
+class ConcurrentFastPath : public DriverTest {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.stream_cache_bytes = size_t{1} << 20;
+    options.stream_cache_max_block = size_t{1} << 20;
+  }
+};
+
+/// The first 63 live threads own a statistics shard and write it with plain stores; the others
+/// share the last one atomically (support/shards.hpp), and the fast path tests which it has.
+/// With more threads alive at once than there are owned shards, no count may go missing.
+TEST_P(ConcurrentFastPath, ThreadsBeyondTheOwnedShardsLoseNoCount) {
+  constexpr int kMany = 72;
+  constexpr uint64_t kPairs = 300;
+  const arcpool_stream_t s = make_stream();
+  const arcpool_stats_t before = stats();
+  std::atomic<int> arrived{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kMany; ++t) {
+    threads.emplace_back([&] {
+      arcpool_allocation_t* first = nullptr;  // takes the thread's shard
+      EXPECT_OK(arcpool_allocate_async(alloc_, 4096, 0, s, 0, &first));
+      arrived.fetch_add(1);
+      while (arrived.load() < kMany)
+        std::this_thread::yield();  // all alive at once
+      for (uint64_t i = 0; i < kPairs; ++i) {
+        arcpool_allocation_t* a = nullptr;
+        EXPECT_OK(arcpool_allocate_async(alloc_, 4096, 0, s, 0, &a));
+        EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+        arcpool_allocation_release(a);
+      }
+      EXPECT_OK(arcpool_deallocate_async(first, s, 0));
+      arcpool_allocation_release(first);
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  sync(s);
+  const arcpool_stats_t after = stats();
+  const uint64_t n = kMany * (kPairs + 1);
+  EXPECT_EQ(n, after.allocations - before.allocations);
+  EXPECT_EQ(n, after.deallocations - before.deallocations);
+  EXPECT_EQ(n, after.same_stream_frees - before.same_stream_frees);
+  EXPECT_EQ(n, (after.cache_frees - before.cache_frees) + (after.frees - before.frees));
+  EXPECT_GT(after.cache_hits, before.cache_hits);
+  EXPECT_EQ(before.allocations_in_use_current, after.allocations_in_use_current);
+  EXPECT_EQ(before.bytes_in_use_current, after.bytes_in_use_current);
+}
+
 ARCPOOL_INSTANTIATE_FOR_DRIVERS(Concurrency);
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(ConcurrentFastPath);
 
 }  // namespace
 }  // namespace arcpool::test

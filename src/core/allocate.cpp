@@ -115,9 +115,9 @@ arcpool_status_t allocator::take_from_pool(allocation::params& p, stream_handle 
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+template <class Local>
 inline void allocator::count_allocation(const stream_ref& origin, void* base, void* data,
-                                        size_t size, uint64_t serial, stats::local& st,
-                                        bool cache_hit) {
+                                        size_t size, uint64_t serial, Local& st, bool cache_hit) {
   st.count(cache_hit ? stat::cache_hits : stat::allocations);  // a hit is an allocation (sum)
   st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
   st.add(stat::bytes_in_use, static_cast<int64_t>(size));
@@ -143,9 +143,15 @@ arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignm
   }
   const shard_slot slot = thread_shard(ts);
   records_.add(slot, 1);
-  stats::local st = stats_.at(slot);
-  st.sub(stat::bytes_cached, static_cast<int64_t>(size));
-  count_allocation(origin, block, block, size, a->placement.serial, st, /*cache_hit=*/true);
+  auto count_hit = [&](auto st) {
+    st.sub(stat::bytes_cached, static_cast<int64_t>(size));
+    count_allocation(origin, block, block, size, a->placement.serial, st, /*cache_hit=*/true);
+  };
+  if (slot.exclusive) {
+    count_hit(stats_.owned_at(slot));  // the common case: no ownership test per update
+  } else {
+    count_hit(stats_.at(slot));
+  }
   *out = a;
   return ARCPOOL_STATUS_SUCCESS;
 }

@@ -233,8 +233,9 @@ class allocator {
   /// The end of commit_and_free, after the commit: the block goes to `target_cache` or back to
   /// the pool on `target` (the before-free hook first); counts it, and `route_counter` once it
   /// succeeded, through `st`.
+  template <class Local>
   arcpool_status_t free_block(allocation& a, stream_handle target, block_cache* target_cache,
-                              stat::counter route_counter, stats::local& st);
+                              stat::counter route_counter, Local& st);
   /// deallocate's fast path (is_same_stream_free, not capturing, no flags): commit_and_free on
   /// the caller's stream without fences or use records, every call inlined, so that the
   /// constant arguments prune it.
@@ -264,9 +265,11 @@ class allocator {
   void synchronize_known_streams();
   /// Accepts the deallocation (ownership transition, stats, the log's free row on `stream`).
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream);
-  /// commit with the calling thread's stats shard, looked up by the caller.
+  /// commit with the calling thread's stats shard, looked up by the caller (stats::local, or
+  /// stats::owned_local in deallocate.cpp).
+  template <class Local>
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream,
-                          stats::local& st);
+                          Local& st);
   /// Whether finish_deallocation would take the same-stream route for a deallocation without
   /// flags by `caller`: arcpool's own memory of a determinate lifetime, no use records, and
   /// the caller is its origin and current stream, alive and nameable from this thread.
@@ -292,8 +295,9 @@ class allocator {
   /// Counts a new allocation of `size` bytes at `data` (block `base`, serial `serial`) on
   /// `origin`: its statistics through `st` and its stream's row, and its entries in the log, the
   /// history and the NVTX tools. What both kinds of allocation do last.
+  template <class Local>
   [[gnu::always_inline]] void count_allocation(const stream_ref& origin, void* base, void* data,
-                                               size_t size, uint64_t serial, stats::local& st,
+                                               size_t size, uint64_t serial, Local& st,
                                                bool cache_hit);
   /// allocate without a cache hit: a block from the pool (none for zero bytes).
   arcpool_status_t allocate_uncached(size_t size, size_t alignment, uint32_t flags,

@@ -142,8 +142,9 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
   return commit(a, force, implicit, stream, st);
 }
 
+template <class Local>
 arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, stream_handle stream,
-                                   stats::local& st) {
+                                   Local& st) {
   if (implicit) {
     if (!a.owners.accept_implicit_free()) {
       return ownership_failure(a, ownership_result::already_deallocated, "implicit free");
@@ -169,6 +170,9 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+// capture.cpp commits through the general shard too.
+template arcpool_status_t allocator::commit(allocation&, bool, bool, stream_handle, stats::local&);
+
 arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,
                                             bool implicit, stream_handle target,
                                             block_cache* target_cache, const fence_list& fences,
@@ -182,9 +186,10 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   return free_block(a, target, target_cache, route_counter, st);
 }
 
+template <class Local>
 arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
                                        block_cache* target_cache, stat::counter route_counter,
-                                       stats::local& st) {
+                                       Local& st) {
   if (config_.before_free != nullptr) {
     config_.before_free(a.placement.base, a.placement.held_bytes, target,
                         config_.before_free_user_data);
@@ -217,9 +222,14 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
 
 arcpool_status_t allocator::free_same_stream(allocation& a, const stream_ref& caller) {
   // No fences and no use records (is_same_stream_free): the commit, then the block.
-  stats::local st = stats_.here();
-  ARCPOOL_RETURN_IF_ERROR(commit(a, /*force=*/false, /*implicit=*/false, caller.handle, st));
-  return free_block(a, caller.handle, cache_for(caller), stat::same_stream_frees, st);
+  auto commit_then_free = [&](auto st) {
+    ARCPOOL_RETURN_IF_ERROR(commit(a, /*force=*/false, /*implicit=*/false, caller.handle, st));
+    return free_block(a, caller.handle, cache_for(caller), stat::same_stream_frees, st);
+  };
+  const shard_slot slot = thread_shard();
+  // The common case: the thread owns its shard, and no update tests it.
+  return slot.exclusive ? commit_then_free(stats_.owned_at(slot))
+                        : commit_then_free(stats_.at(slot));
 }
 
 arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref& caller,

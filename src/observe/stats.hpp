@@ -73,11 +73,14 @@ class stats {
   stats& operator=(const stats&) = delete;
 
   /// The calling thread's shard, looked up once for the updates of one operation. Valid on
-  /// the thread that took it, while the stats live.
-  class local {
+  /// the thread that took it, while the stats live. `Owned`: the caller checked that the thread
+  /// owns the shard, so that every update is a plain load and store with no test (the fast
+  /// path's); otherwise each update tests it (see local and owned_local below).
+  template <bool Owned>
+  class basic_local {
    public:
     void count(stat::counter c, int64_t n = 1) noexcept {
-      shard_add(shard_.value[c], n, exclusive_);
+      shard_add(shard_.value[c], n, exclusive());
     }
     void add(stat::gauge g, int64_t n) noexcept {
       gauge_total& total = owner_.totals_[g];
@@ -85,7 +88,7 @@ class stats {
       const int64_t threshold = threshold_of(g, total);
       std::atomic<int64_t>& pending = shard_.value[stat::kCounters + g];
       int64_t v = n;
-      if (exclusive_) {
+      if (exclusive()) {
         v += pending.load(std::memory_order_relaxed);
         pending.store(v, std::memory_order_relaxed);
       } else {
@@ -111,17 +114,24 @@ class stats {
               shard_.value[stat::kCounters + stat::allocations_in_use]);
       }
     }
-    local(stats& owner, shard_slot slot) noexcept
-        : owner_(owner), shard_(owner.shards_[slot.index]), exclusive_(slot.exclusive) {}
+    basic_local(stats& owner, shard_slot slot) noexcept
+        : owner_(owner), shard_(owner.shards_[slot.index]), exclusive_(Owned || slot.exclusive) {}
+    bool exclusive() const noexcept { return Owned || exclusive_; }
     stats& owner_;
     shard& shard_;
     const bool exclusive_;
   };
+  /// A shard whose ownership each update tests.
+  using local = basic_local<false>;
+  /// A shard the calling thread owns (shard_slot::exclusive).
+  using owned_local = basic_local<true>;
 
   /// The calling thread's shard.
   local here() noexcept { return local(*this, thread_shard()); }
   /// The calling thread's shard by its slot, looked up by the caller (thread_shard()).
   local at(shard_slot slot) noexcept { return local(*this, slot); }
+  /// The same, for a slot the thread owns (`slot.exclusive`, checked by the caller).
+  owned_local owned_at(shard_slot slot) noexcept { return owned_local(*this, slot); }
 
   /// One update through the calling thread's shard (for code off the fast path).
   void count(stat::counter c, int64_t n = 1) noexcept { here().count(c, n); }
