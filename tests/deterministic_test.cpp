@@ -173,5 +173,35 @@ TEST(Deterministic, AnAccessBeforeTheAllocationIsReported) {
   det::run(d);
 }
 
+/// The stream caches tell the checker where a block leaves and re-enters use
+/// (driver::note_release and note_acquire): a use the program never told arcpool about is
+/// reported at the cache's release itself, and a cache hit is a new allocation of the block.
+TEST(Deterministic, TheCachesReleasesAndHitsAreCheckedWhereTheyHappen) {
+  world w(7, size_t{1} << 20);
+  detail::driver& d = w.drv();
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_allocate_async(w.alloc, 4096, 0, w.s[0], 0, &a));
+  void* const p = w.data(a);
+  ASSERT_OK(det::wait_stream(d, w.s[1], w.s[0]));
+  ASSERT_OK(det::access(d, p, 8, w.s[1], "unrecorded reader"));  // no record_use: wrong
+  ASSERT_OK(arcpool_deallocate_async(a, w.s[0], 0));             // into s[0]'s cache
+  arcpool_allocation_release(a);
+  det::run(d);
+  std::string v = joined(w.violations());
+  EXPECT_NE(std::string::npos, v.find("cache release")) << v;
+  EXPECT_NE(std::string::npos, v.find("unrecorded reader")) << v;
+
+  arcpool_allocation_t* again = nullptr;
+  ASSERT_OK(arcpool_allocate_async(w.alloc, 4096, 0, w.s[0], 0, &again));
+  ASSERT_EQ(p, w.data(again)) << "not a cache hit";
+  ASSERT_OK(det::access(d, p, 8, w.s[0], "reader after the hit"));
+  det::run(d);
+  v = joined(w.violations());
+  EXPECT_EQ(std::string::npos, v.find("reader after the hit")) << v;
+  ASSERT_OK(arcpool_deallocate_async(again, w.s[0], 0));
+  arcpool_allocation_release(again);
+  w.finish();
+}
+
 }  // namespace
 }  // namespace arcpool::test

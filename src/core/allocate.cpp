@@ -131,7 +131,7 @@ arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignm
                                          const stream_ref& origin, allocation** out) {
   // Only created, registered and legacy default streams have caches: never a per-thread
   // default stream, whose allocations take a fence (allocate_uncached).
-  driver_->note_acquire(block, size, origin.handle);
+  if (notes_cache_moves_) driver_->note_acquire(block, size, origin.handle);
   thread_state& ts = this_thread_state();  // the thread's one TLS lookup here
   allocation* a = new (ts) allocation(*this, origin, size, alignment, block, next_serial(ts));
   if (a == nullptr) {

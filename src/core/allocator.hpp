@@ -328,6 +328,7 @@ class allocator {
   const allocator_config config_;
   std::atomic<size_t> hard_limit_;  ///< bytes; 0: none (set_hard_limit changes it)
   const std::unique_ptr<driver> driver_;
+  const bool notes_cache_moves_ = driver_->notes_cache_moves();  ///< driver::note_* to be called
   stats stats_;
   stream_stats_table stream_stats_;  ///< before streams_: the entries point into it
   event_pool events_;

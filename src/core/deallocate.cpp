@@ -204,7 +204,8 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
       st.count(route_counter == stat::same_stream_frees ? stat::cached_same_stream_frees
                                                         : stat::cached_cross_stream_frees);
       st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
-      driver_->note_release(a.placement.base, a.placement.held_bytes, target);
+      if (notes_cache_moves_)
+        driver_->note_release(a.placement.base, a.placement.held_bytes, target);
       return ARCPOOL_STATUS_SUCCESS;
     }
   }

@@ -270,6 +270,7 @@ class deterministic_driver final : public driver {
   void enter_reclaim_thread() noexcept override {}
 
   // --- Checking ----------------------------------------------------------------------------
+  bool notes_cache_moves() const noexcept override { return true; }
   void note_release(void* p, size_t, stream_handle s) noexcept override {
     det_stream* st = find(s);
     if (st == nullptr) return;

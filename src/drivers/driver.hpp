@@ -179,6 +179,9 @@ class driver {
   /// False when everything must run on the caller's threads (deterministic mode): arcpool then
   /// starts no reclaim worker and completes reclaims itself.
   virtual bool allows_worker_threads() const noexcept { return true; }
+  /// Whether note_release and note_acquire do anything (the deterministic driver's checker):
+  /// asked once, so that the fast path makes neither call on the other drivers.
+  virtual bool notes_cache_moves() const noexcept { return false; }
   /// A fast-path cache kept block [p, p + bytes) at this point of stream `s` (a release, as far
   /// as ordering goes) / handed it out again on `s` (an acquire).
   virtual void note_release(void* p, size_t bytes, stream_handle s) noexcept {
