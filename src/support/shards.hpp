@@ -11,8 +11,8 @@
 
 namespace arcpool::detail {
 
-/// Number of shards. Each of the first kShards live threads owns one exclusively (its updates
-/// are a plain load and store); threads beyond that share the last one (atomic add).
+/// Number of shards. Each of the first kShards - 1 live threads owns one exclusively (its
+/// updates are a plain load and store); threads beyond that share the last one (atomic add).
 inline constexpr size_t kShards = 64;
 
 /// Assigns the calling thread's slot (first use).
