@@ -33,18 +33,19 @@ template <class F>
   }
 }
 
-/// Runs `body` guarded, inside an NVTX range of `kind` when a tool is attached. The range is out
-/// of line: without a tool an entry point pays one load and a branch for it (design.md §11).
+/// Runs `body` guarded, inside an NVTX range of `kind` when a tool is attached. The range, and
+/// the first use's decision whether a tool is attached, are out of line: without a tool an entry
+/// point pays one load and a branch for them (design.md §11).
 template <class F>
 [[gnu::noinline]] arcpool_status_t traced_in_range(nvtx::op kind, size_t bytes,
                                                    arcpool_stream_t stream, F body) noexcept {
-  nvtx::range range(kind, bytes, stream);
+  nvtx::range range(kind, bytes, stream);  // pushes nothing when the decision was "no tool"
   return guarded(body);
 }
 template <class F>
 [[gnu::always_inline]] inline arcpool_status_t traced(nvtx::op kind, size_t bytes,
                                                       arcpool_stream_t stream, F&& body) noexcept {
-  if (nvtx::enabled()) return traced_in_range(kind, bytes, stream, body);
+  if (nvtx::maybe_enabled()) return traced_in_range(kind, bytes, stream, body);
   return guarded(body);
 }
 

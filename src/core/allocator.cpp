@@ -107,7 +107,7 @@ stream_kind kind_of(stream_handle s) {
 }  // namespace
 
 arcpool_status_t allocator::resolve_stream_slow(stream_handle s, stream_ref* out) {
-  const uint64_t version = streams_.version();
+  const uint64_t stamp = streams_.stamp();
   out->handle = s;
   out->kind = kind_of(s);
   out->thread = out->kind == stream_kind::per_thread_default ? this_thread_serial() : 0;
@@ -124,8 +124,7 @@ arcpool_status_t allocator::resolve_stream_slow(stream_handle s, stream_ref* out
     ARCPOOL_RETURN_IF_ERROR(check_stream_device(s));
   }
   if (out->entry != nullptr || out->kind != stream_kind::application) {
-    stream_cache_line_of(s) =
-        stream_cache_line{streams_.uid(), version, s, out->id, out->entry, out->kind};
+    stream_cache_line_of(s) = stream_cache_line{stamp, s, out->id, out->entry, out->kind};
   }
   return ARCPOOL_STATUS_SUCCESS;
 }

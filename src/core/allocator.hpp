@@ -158,7 +158,7 @@ class allocator {
   /// the stream's id and the registry).
   arcpool_status_t resolve_stream(stream_handle s, stream_ref* out) {
     const stream_cache_line& line = stream_cache_line_of(s);
-    if (line.handle == s && line.version == streams_.version() && line.registry == streams_.uid()) {
+    if (line.handle == s && line.stamp == streams_.stamp()) {
       *out = stream_ref{s, line.id, line.kind, line.entry};
       if (line.kind == stream_kind::per_thread_default) out->thread = this_thread_serial();
       return ARCPOOL_STATUS_SUCCESS;

@@ -34,14 +34,13 @@ arcpool_status_t allocator::resolve_capturing_stream(stream_handle s, stream_ref
                 static_cast<void*>(s));
   }
   if (out->kind == stream_kind::application) {
-    const uint64_t version = streams_.version();
+    const uint64_t stamp = streams_.stamp();
     streams_.for_each([&](stream_entry& e) {
       if (e.handle() == s && e.alive()) out->entry = &e;
     });
     if (out->entry != nullptr) {
       out->id = out->entry->id();
-      stream_cache_line_of(s) =
-          stream_cache_line{streams_.uid(), version, s, out->id, out->entry, out->kind};
+      stream_cache_line_of(s) = stream_cache_line{stamp, s, out->id, out->entry, out->kind};
       return ARCPOOL_STATUS_SUCCESS;
     }
   }

@@ -61,6 +61,9 @@ class ownership {
   }
 
  private:
+  /// Why preserve or discard refuses `word`: its state is not LIVE, or P is at its maximum.
+  static ownership_result refused(uint64_t word) noexcept;
+
   static constexpr uint64_t pack(state st, uint32_t owners) noexcept {
     return (static_cast<uint64_t>(st) << 32) | owners;
   }
@@ -115,13 +118,22 @@ inline bool ownership::accept_implicit_free() noexcept {
   return end_ownership(true, ARCPOOL_ALLOCATION_DEALLOCATED) == ownership_result::ok;
 }
 
+// LIVE is state 0, so a LIVE word is its owner count: one unsigned compare tells LIVE (below
+// 2^32) with, for preserve, room for one more owner (below UINT32_MAX) and, for discard, an
+// owner to remove (at least 1).
+static_assert(ARCPOOL_ALLOCATION_LIVE == 0, "a LIVE word is its owner count");
+
+inline ownership_result ownership::refused(uint64_t word) noexcept {
+  const snapshot s = unpack(word);
+  if (s.st == ARCPOOL_ALLOCATION_UNOWNED) return ownership_result::not_owner;
+  if (s.st != ARCPOOL_ALLOCATION_LIVE) return ownership_result::already_deallocated;
+  return s.owners == UINT32_MAX ? ownership_result::overflow : ownership_result::not_owner;
+}
+
 inline ownership_result ownership::preserve() noexcept {
   uint64_t word = word_.load(std::memory_order_relaxed);
   for (;;) {
-    const snapshot s = unpack(word);
-    if (s.st == ARCPOOL_ALLOCATION_UNOWNED) return ownership_result::not_owner;
-    if (s.st != ARCPOOL_ALLOCATION_LIVE) return ownership_result::already_deallocated;
-    if (s.owners == UINT32_MAX) return ownership_result::overflow;
+    if (word >= UINT32_MAX) return refused(word);
     // Relaxed success: adding a claim publishes nothing; the caller already holds one.
     if (word_.compare_exchange_weak(word, word + 1, std::memory_order_relaxed)) {
       return ownership_result::ok;
@@ -132,10 +144,8 @@ inline ownership_result ownership::preserve() noexcept {
 inline ownership_result ownership::discard(bool* was_last) noexcept {
   uint64_t word = word_.load(std::memory_order_relaxed);
   for (;;) {
-    const snapshot s = unpack(word);
-    if (s.st == ARCPOOL_ALLOCATION_UNOWNED) return ownership_result::not_owner;
-    if (s.st != ARCPOOL_ALLOCATION_LIVE) return ownership_result::already_deallocated;
-    const bool last = s.owners == 1;
+    if (word - 1 >= UINT32_MAX) return refused(word);  // LIVE with P >= 1
+    const bool last = word == 1;
     const uint64_t next = last ? pack(ARCPOOL_ALLOCATION_UNOWNED, 0) : word - 1;
     if (word_.compare_exchange_weak(word, next, std::memory_order_acq_rel,
                                     std::memory_order_relaxed)) {

@@ -106,13 +106,12 @@ struct stream_ref {
 };
 
 /// One of the calling thread's last stream lookups (allocator::resolve_stream). A line is
-/// valid while its registry's version is unchanged. Handles are cached only for streams that
+/// valid while its registry's stamp is unchanged. Handles are cached only for streams that
 /// cannot be recycled meanwhile: created and registered ones (alive until their removal, which
-/// changes the version) and the default streams; unregistered application streams are looked
+/// changes the stamp) and the default streams; unregistered application streams are looked
 /// up by identity each time.
 struct stream_cache_line {
-  uint64_t registry;  ///< stream_registry::uid()
-  uint64_t version;
+  uint64_t stamp;  ///< stream_registry::stamp() when the line was filled
   stream_handle handle;
   uint64_t id;
   stream_entry* entry;
@@ -146,7 +145,7 @@ class stream_registry {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     const uint64_t id = entry->id();
     const bool added = entries_.emplace(id, std::move(entry)).second;
-    if (added) version_.fetch_add(1, std::memory_order_release);
+    if (added) stamp_.store(next_stamp(), std::memory_order_release);
     return added;
   }
 
@@ -157,7 +156,7 @@ class stream_registry {
     if (it == entries_.end()) return false;
     graveyard_.push_back(std::move(it->second));
     entries_.erase(it);
-    version_.fetch_add(1, std::memory_order_release);
+    stamp_.store(next_stamp(), std::memory_order_release);
     return true;
   }
 
@@ -169,21 +168,19 @@ class stream_registry {
       fn(*entry);
   }
 
-  /// Changes whenever an entry is added or removed: a lookup cached at one version is valid
-  /// while the version is unchanged.
-  uint64_t version() const noexcept { return version_.load(std::memory_order_acquire); }
-
-  /// Unique for the process (an address may be reused by a later registry; this may not).
-  uint64_t uid() const noexcept { return uid_; }
+  /// Changes whenever an entry is added or removed, to a value no registry of the process had
+  /// before (an address may be reused by a later registry; a stamp may not): a lookup cached
+  /// under one stamp is valid for this registry while its stamp is unchanged, and one compare
+  /// tells both.
+  uint64_t stamp() const noexcept { return stamp_.load(std::memory_order_acquire); }
 
  private:
   mutable std::shared_mutex mutex_;
   std::unordered_map<uint64_t, std::unique_ptr<stream_entry>> entries_;
   std::vector<std::unique_ptr<stream_entry>> graveyard_;
-  std::atomic<uint64_t> version_{1};
-  const uint64_t uid_ = next_uid();
+  std::atomic<uint64_t> stamp_{next_stamp()};
 
-  static uint64_t next_uid() noexcept {
+  static uint64_t next_stamp() noexcept {
     static std::atomic<uint64_t> next{1};
     return next.fetch_add(1, std::memory_order_relaxed);
   }

@@ -10,14 +10,20 @@ namespace {
 
 constexpr size_t kPoolAlignment = ARCPOOL_DEFAULT_ALIGNMENT;
 
+/// The failure of check_usable, out of line.
+[[gnu::noinline, gnu::cold]] arcpool_status_t not_usable(const allocation& a, const char* what) {
+  const auto st = a.owners.load().st;
+  return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "%s of %s: it was already %s", what,
+              a.describe().c_str(), st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
+}
+
 /// Usable: LIVE or UNOWNED (design.md §3: transfer, record_use, data, views).
-arcpool_status_t check_usable(const allocation& a, const char* what) {
+inline arcpool_status_t check_usable(const allocation& a, const char* what) {
   const auto st = a.owners.load().st;
   if (st == ARCPOOL_ALLOCATION_LIVE || st == ARCPOOL_ALLOCATION_UNOWNED) {
     return ARCPOOL_STATUS_SUCCESS;
   }
-  return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "%s of %s: it was already %s", what,
-              a.describe().c_str(), st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
+  return not_usable(a, what);
 }
 
 }  // namespace
@@ -67,23 +73,22 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "record_use"));
   if (user.id == a.current.id) return ARCPOOL_STATUS_SUCCESS;  // its order already covers it
-  use_record record;
+  bool at_deallocation = true;
+  fence_ref fence;
   if (capturing) {
     // Within one capture: no fence now (an event recorded in a capture is no fence); the
     // deallocation in the capture makes a captured edge from it (docs/graphs.md). same_capture
     // refuses a user arcpool did not create or register, so it can be fenced once the capture
     // is over, should the deallocation come then.
     ARCPOOL_RETURN_IF_ERROR(same_capture(a.current, user, "record_use"));
-    record.at_deallocation = true;
   } else {
     // An unregistered stream may be gone by deallocation time: fence it now (§6), unless the
     // caller guarantees it outlives the deallocation. Another thread cannot fence a per-thread
     // default stream: fence it now for them in any case.
-    record.at_deallocation = user.provably_alive() ||
-                             (flags & ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION) != 0;
-    if (!user.provably_alive() &&
-        (!record.at_deallocation || user.kind == stream_kind::per_thread_default)) {
-      ARCPOOL_RETURN_IF_ERROR(take_fence(user, &record.fence));
+    const bool alive = user.provably_alive();
+    at_deallocation = alive || (flags & ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION) != 0;
+    if (!alive && (!at_deallocation || user.kind == stream_kind::per_thread_default)) {
+      ARCPOOL_RETURN_IF_ERROR(take_fence(user, &fence));
     } else {
       // Fenced at deallocation with no fence now: a record that says the same of this stream,
       // by the same registry entry (a stream unregistered and registered again has a new one,
@@ -98,7 +103,7 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
       }
     }
   }
-  record.stream = std::move(user);
+  use_record record{std::move(user), std::move(fence), at_deallocation};
   auto same = std::find_if(a.uses.begin(), a.uses.end(),
                            [&](const use_record& u) { return u.stream.id == record.stream.id; });
   if (same != a.uses.end()) {

@@ -31,6 +31,12 @@ extern std::atomic<signed char> g_attached;
 /// Decides whether a tool is attached (NVTX's domain creation), once.
 bool decide() noexcept;
 
+/// False once decided that no tool is attached: a caller that finds it true takes its slow path,
+/// which asks enabled() (and so decides at the first use). One load and a branch, no call.
+inline bool maybe_enabled() noexcept {
+  return g_attached.load(std::memory_order_relaxed) != 0;
+}
+
 /// True when an NVTX tool is attached. Inline: one load and a predictable branch.
 inline bool enabled() noexcept {
   const signed char v = g_attached.load(std::memory_order_relaxed);

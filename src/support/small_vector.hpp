@@ -35,9 +35,10 @@ class small_vector {
     ++size_;
   }
   void clear() noexcept {
+    if (size_ == 0) return;  // the common case: a record's or an operation's empty list
     for (size_t i = 0; i < size_ && i < N; ++i)
       inline_ptr()[i].~T();
-    overflow_.clear();
+    if (size_ > N) overflow_.clear();
     size_ = 0;
   }
   T& back() noexcept { return (*this)[size_ - 1]; }
