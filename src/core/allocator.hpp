@@ -209,16 +209,43 @@ class allocator {
   arcpool_status_t take_fence(const stream_ref& s, fence_ref* out);
   /// One fence for `s` into `out`: taken on it, or, for another thread's per-thread default
   /// stream (never touched from here), `a.current_fence` when `s` is the current stream.
-  arcpool_status_t fence_stream(allocation& a, const stream_ref& s, fence_list* out);
+  [[gnu::always_inline]] arcpool_status_t fence_stream(allocation& a, const stream_ref& s,
+                                                       fence_list* out) {
+    if (!s.reachable()) {
+      // Its handle would name this thread's stream: the fence taken when it was named stands
+      // for it (§6).
+      if (a.current_fence && s.id == a.current.id) out->push_back(a.current_fence);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    fence_ref f;
+    ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
+    out->push_back(std::move(f));
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   /// `skip_id` of collect_fences that skips no stream.
   static constexpr uint64_t kSkipNone = UINT64_MAX;
   /// Fences every stream the allocation's memory may be used on: `caller` (if given), the
   /// current stream and every use record, once per stream, skipping stream `skip_id`. Another
   /// thread's per-thread default stream is never touched: `a.current_fence` stands for it.
   arcpool_status_t collect_fences(allocation& a, const stream_ref* caller, uint64_t skip_id,
-                                  fence_list* out);
+                                  fence_list* out) {
+    // The common case (a transfer, a free on another stream): no use records and no caller,
+    // so the current stream is the one to fence.
+    if (caller == nullptr && a.uses.empty()) {
+      return a.current.id == skip_id ? ARCPOOL_STATUS_SUCCESS : fence_stream(a, a.current, out);
+    }
+    return collect_fences_of_uses(a, caller, skip_id, out);
+  }
+  /// collect_fences with a caller or use records (out of line).
+  arcpool_status_t collect_fences_of_uses(allocation& a, const stream_ref* caller, uint64_t skip_id,
+                                          fence_list* out);
   /// Makes `s` wait on every fence. `s` must be alive for the call.
-  arcpool_status_t wait_all(stream_handle s, const fence_list& fences);
+  arcpool_status_t wait_all(stream_handle s, const fence_list& fences) {
+    for (const fence_ref& f : fences) {
+      ARCPOOL_RETURN_IF_ERROR(driver_->stream_wait_event(s, f->event()));
+    }
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   route choose_route(const allocation& a, const stream_ref& caller, uint32_t flags) const;
   /// Commits and enqueues a deallocation whose ownership check passed. `a.mutex` is held by
   /// `lock` and may be released before the reclaimer is fed.

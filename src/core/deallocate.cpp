@@ -18,13 +18,14 @@ constexpr uint32_t kDeallocateFlags = ARCPOOL_DEALLOCATE_FLAG_FORCE | kRoutingFl
 // Fences
 
 arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
+  const shard_slot slot = thread_shard();  // for the event pool and the count
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
   if (s.entry) {
     // A created or registered stream: enqueue only while provably alive; once retired, its
     // final fence covers everything that was queued on it.
     const std::optional<arcpool_status_t> recorded = s.entry->with_alive([&](stream_handle h) {
       ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
-      return events_.record(h, s.id, out);
+      return events_.record(h, s.id, out, slot);
     });
     if (!recorded) {
       *out = s.entry->final_fence();
@@ -34,33 +35,14 @@ arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
   } else {
     // Passed in this call, or the current stream, which the caller keeps alive (§6).
     ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
-    status = events_.record(s.handle, s.id, out);
+    status = events_.record(s.handle, s.id, out, slot);
   }
-  if (status == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::fences_taken);
+  if (status == ARCPOOL_STATUS_SUCCESS) stats_.at(slot).count(stat::fences_taken);
   return status;
 }
 
-arcpool_status_t allocator::fence_stream(allocation& a, const stream_ref& s, fence_list* out) {
-  if (!s.reachable()) {
-    // Another thread's per-thread default stream (the current stream, or an implicit free's
-    // caller, which is the current stream): its handle would name this thread's stream. The
-    // fence taken when it was named stands for it (§6).
-    if (a.current_fence && s.id == a.current.id) out->push_back(a.current_fence);
-    return ARCPOOL_STATUS_SUCCESS;
-  }
-  fence_ref f;
-  ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
-  out->push_back(std::move(f));
-  return ARCPOOL_STATUS_SUCCESS;
-}
-
-arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* caller,
-                                           uint64_t skip_id, fence_list* out) {
-  // The common case (a transfer, a free on another stream): no use records and no caller, so
-  // the current stream is the one to fence.
-  if (caller == nullptr && a.uses.empty()) {
-    return a.current.id == skip_id ? ARCPOOL_STATUS_SUCCESS : fence_stream(a, a.current, out);
-  }
+arcpool_status_t allocator::collect_fences_of_uses(allocation& a, const stream_ref* caller,
+                                                   uint64_t skip_id, fence_list* out) {
   small_vector<uint64_t, 8> seen;
   if (skip_id != kSkipNone) seen.push_back(skip_id);
   auto fresh = [&seen](uint64_t id) {
@@ -79,13 +61,6 @@ arcpool_status_t allocator::collect_fences(allocation& a, const stream_ref* call
     } else if (fresh(u.stream.id)) {
       out->push_back(u.fence);
     }
-  }
-  return ARCPOOL_STATUS_SUCCESS;
-}
-
-arcpool_status_t allocator::wait_all(stream_handle s, const fence_list& fences) {
-  for (const fence_ref& f : fences) {
-    ARCPOOL_RETURN_IF_ERROR(driver_->stream_wait_event(s, f->event()));
   }
   return ARCPOOL_STATUS_SUCCESS;
 }

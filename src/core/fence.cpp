@@ -20,16 +20,14 @@ event_pool::~event_pool() {
   }
 }
 
-arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_ref* out) {
-  fence* f = nullptr;
-  {
-    shard& mine = shards_[thread_shard().index];
-    std::lock_guard<spinlock> lock(mine.mutex);
-    if (!mine.free.empty()) {
-      f = mine.free.back();
-      mine.free.pop_back();
-    }
-  }
+arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_ref* out,
+                                    shard_slot slot) {
+  fence* f = with_own_shard(slot, [](shard& mine) -> fence* {
+    if (mine.free.empty()) return nullptr;
+    fence* last = mine.free.back();
+    mine.free.pop_back();
+    return last;
+  });
   if (f == nullptr) {
     event_handle e = nullptr;
     ARCPOOL_RETURN_IF_ERROR(driver_.event_create(&e));
@@ -68,14 +66,12 @@ size_t event_pool::events_created() const {
 }
 
 void event_pool::recycle(fence* f) noexcept {
-  {
-    shard& s = shards_[thread_shard().index];
-    std::lock_guard<spinlock> lock(s.mutex);
-    if (s.free.size() < shard_capacity_) {
-      s.free.push_back(f);
-      return;
-    }
-  }
+  const bool kept = with_own_shard(thread_shard(), [&](shard& mine) {
+    if (mine.free.size() >= shard_capacity_) return false;
+    mine.free.push_back(f);
+    return true;
+  });
+  if (kept) return;
   driver_.event_destroy(f->event_);
   delete f;
 }

@@ -57,8 +57,12 @@ class event_pool {
   event_pool(const event_pool&) = delete;
   event_pool& operator=(const event_pool&) = delete;
 
-  /// Records a new fence on stream `s` (identity `stream_id`).
-  arcpool_status_t record(stream_handle s, uint64_t stream_id, fence_ref* out);
+  /// Records a new fence on stream `s` (identity `stream_id`), from the shard of `slot`, the
+  /// calling thread's (thread_shard()).
+  arcpool_status_t record(stream_handle s, uint64_t stream_id, fence_ref* out, shard_slot slot);
+  arcpool_status_t record(stream_handle s, uint64_t stream_id, fence_ref* out) {
+    return record(s, stream_id, out, thread_shard());
+  }
   /// As record, for a stream that another thread may begin capturing at any moment. When `s`
   /// is capturing before the record, or after it (the record may have gone into the capture),
   /// `*capturing` is set and `*out` left empty; an event recorded then is destroyed, never
@@ -74,11 +78,21 @@ class event_pool {
   void recycle(fence* f) noexcept;
 
   /// One thread shard's free events (a fence released on another thread joins that thread's
-  /// shard). A spinlock: its holder only pushes or pops, and it is almost never contended.
+  /// shard). Only the shared last shard is locked: an exclusive shard has one thread at a time
+  /// (support/shards.hpp hands an index to its next thread under a mutex). A spinlock: its
+  /// holder only pushes or pops.
   struct alignas(64) shard {
     spinlock mutex;
     std::vector<fence*> free;
   };
+  /// Runs `fn(shard)` on the shard of `slot` (the calling thread's), under its lock if shared.
+  template <class F>
+  auto with_own_shard(shard_slot slot, F&& fn) {
+    shard& mine = shards_[slot.index];
+    if (slot.exclusive) return fn(mine);
+    std::lock_guard<spinlock> lock(mine.mutex);
+    return fn(mine);
+  }
   static_assert(alignof(shard) == 64 && sizeof(shard) % 64 == 0,
                 "each thread's event shard fills whole cache lines of its own");
 
