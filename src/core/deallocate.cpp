@@ -342,11 +342,9 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
     ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &caller));
     lock.lock();
   }
-  ARCPOOL_RETURN_IF_ERROR(ownership_failure(
-      a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
   // The fast path's free: arcpool's own memory, used on its origin stream alone and freed
-  // there (the same-stream route of finish_deallocation, without its other cases).
-  // A capturing caller takes finish_deallocation's capture path.
+  // there (the same-stream route of finish_deallocation, without its other cases). Its commit
+  // is its ownership check. A capturing caller takes finish_deallocation's capture path.
   if (flags == 0 && is_same_stream_free(a, caller)) {
     bool capturing = false;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(caller.handle, &capturing));
@@ -354,6 +352,8 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
       return free_same_stream(a, caller);
     }
   }
+  ARCPOOL_RETURN_IF_ERROR(ownership_failure(
+      a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
   return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
 }
 

@@ -20,16 +20,19 @@ class address_table {
   static constexpr size_t npos = SIZE_MAX;
 
   /// Adds or replaces the entry of `start`. False, with the table unchanged, when it had to
-  /// grow and no host memory was left.
+  /// grow and no host memory was left. One probe sequence, to the entry or the first gap.
   bool insert(uintptr_t start, size_t size, T* value) noexcept {
-    size_t i = find_start(start);
-    if (i == npos) {
-      if ((count_ + 1) * 2 > capacity() && !grow()) return false;
-      i = home(start);
-      while (slots_[i].start != 0)
-        i = (i + 1) & mask_;
-      ++count_;
+    if ((count_ + 1) * 2 > capacity() && !grow()) {
+      // No room to add: replacing needs none.
+      const size_t i = find_start(start);
+      if (i == npos) return false;
+      slots_[i] = slot{start, size, value};
+      return true;
     }
+    size_t i = home(start);
+    while (slots_[i].start != 0 && slots_[i].start != start)
+      i = (i + 1) & mask_;
+    if (slots_[i].start == 0) ++count_;
     slots_[i] = slot{start, size, value};
     return true;
   }
