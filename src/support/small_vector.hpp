@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <new>
 #include <utility>
 #include <vector>
@@ -30,7 +31,8 @@ class small_vector {
     if (size_ < N) {
       new (inline_ptr() + size_) T(std::move(value));
     } else {
-      overflow_.push_back(std::move(value));
+      if (!overflow_) overflow_ = std::make_unique<std::vector<T>>();
+      overflow_->push_back(std::move(value));
     }
     ++size_;
   }
@@ -38,7 +40,7 @@ class small_vector {
     if (size_ == 0) return;  // the common case: a record's or an operation's empty list
     for (size_t i = 0; i < size_ && i < N; ++i)
       inline_ptr()[i].~T();
-    if (size_ > N) overflow_.clear();
+    if (size_ > N) overflow_->clear();
     size_ = 0;
   }
   T& back() noexcept { return (*this)[size_ - 1]; }
@@ -47,14 +49,14 @@ class small_vector {
     if (size_ < N) {
       inline_ptr()[size_].~T();
     } else {
-      overflow_.pop_back();
+      overflow_->pop_back();
     }
   }
   size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
-  T& operator[](size_t i) noexcept { return i < N ? inline_ptr()[i] : overflow_[i - N]; }
+  T& operator[](size_t i) noexcept { return i < N ? inline_ptr()[i] : (*overflow_)[i - N]; }
   const T& operator[](size_t i) const noexcept {
-    return i < N ? inline_ptr()[i] : overflow_[i - N];
+    return i < N ? inline_ptr()[i] : (*overflow_)[i - N];
   }
 
   /// Index-based iteration over both parts.
@@ -86,7 +88,9 @@ class small_vector {
 
   alignas(T) unsigned char storage_[N * sizeof(T)];
   size_t size_ = 0;
-  std::vector<T> overflow_;
+  /// Elements past the first N, made at the first of them: an empty list costs one pointer to
+  /// build and one test to destroy.
+  std::unique_ptr<std::vector<T>> overflow_;
 };
 
 }  // namespace arcpool::detail
