@@ -213,6 +213,9 @@ TEST_P(RetiredStreams, ADeallocationOnItsUnregisteredCurrentStreamWaitsForTheWor
   void* const mem = data(a);
   EXPECT_OK(arcpool_transfer(a, app));
   ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+  // The final fence completes before the gate: a free that waited on it alone would be due at
+  // the first reclaim pass, whatever the timing of the stream's worker.
+  sync(app);
   gate& busy = block(app);  // after the final fence
   fill_async(app, mem, kBytes, 0x35);
   const uint64_t frees = stats().frees;
