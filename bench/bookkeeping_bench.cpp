@@ -61,6 +61,22 @@ void BM_AllocateDeallocateSameStream(benchmark::State& state) {
 }
 BENCHMARK(BM_AllocateDeallocateSameStream)->ARCPOOL_BENCH_THREADS;
 
+/// The by-pointer pair frameworks take (arcpool_allocator_malloc_async and _free_async), each
+/// thread on its own stream: what the process-wide map of by-pointer allocations costs as
+/// threads are added.
+void BM_MallocFreeByPointer(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  arcpool_stream_t s = f.streams[state.thread_index()];
+  for (auto _ : state) {
+    void* p = nullptr;
+    arcpool_allocator_malloc_async(f.alloc, 4096, 0, s, &p);
+    arcpool_allocator_free_async(f.alloc, p, s);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+  if (state.thread_index() == 0) report_ratio(state, raw_null_pair_ns(), "raw_null_pair");
+}
+BENCHMARK(BM_MallocFreeByPointer)->ARCPOOL_BENCH_THREADS;
+
 void BM_PreserveDiscardOwnAllocation(benchmark::State& state) {
   auto& f = null_fixture::get();
   arcpool_allocation_t* a = nullptr;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -164,6 +165,66 @@ TEST_P(Concurrency, ConcurrentDeallocationsAcceptExactlyOne) {
   }
   sync(s);
   EXPECT_EQ(20u, stats().frees);
+}
+
+/// By pointer, as frameworks call: threads allocate on their own streams and free one another's
+/// pointers, exact or interior, through the sharded by-pointer map. Every free finds its
+/// allocation once, and the counts add up.
+TEST_P(Concurrency, ThreadsFreeOneAnothersPointersThroughTheMap) {
+  constexpr int kWorkers = 8;
+  constexpr int kPerThread = 200;
+  constexpr size_t kBytes = 512;
+  std::vector<arcpool_stream_t> streams;
+  for (int t = 0; t < kWorkers; ++t)
+    streams.push_back(make_stream());
+  std::mutex handed_mutex;
+  std::vector<char*> handed;  // allocated by one thread, freed by whichever takes it
+  std::atomic<int> errors{0};
+  std::atomic<int> freed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWorkers; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(99 + t);
+      for (int i = 0; i < kPerThread; ++i) {
+        void* p = nullptr;
+        if (arcpool_allocator_malloc_async(alloc_, kBytes, 0, streams[t], &p) !=
+            ARCPOOL_STATUS_SUCCESS) {
+          errors.fetch_add(1);
+          continue;
+        }
+        char* theirs = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(handed_mutex);
+          handed.push_back(static_cast<char*>(p));
+          if (handed.size() > 4) {
+            std::swap(handed[rng() % handed.size()], handed.back());
+            theirs = handed.back();
+            handed.pop_back();
+          }
+        }
+        if (theirs == nullptr) continue;
+        char* at = rng() % 2 == 0 ? theirs : theirs + 1 + rng() % (kBytes - 1);
+        if (arcpool_allocator_free_async(alloc_, at, streams[t]) != ARCPOOL_STATUS_SUCCESS) {
+          errors.fetch_add(1);
+        } else {
+          freed.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& th : threads)
+    th.join();
+  for (char* p : handed) {
+    EXPECT_OK(arcpool_allocator_free_async(alloc_, p, streams[0]));
+    freed.fetch_add(1);
+  }
+  EXPECT_EQ(0, errors.load());
+  EXPECT_EQ(kWorkers * kPerThread, freed.load());
+  for (arcpool_stream_t s : streams)
+    sync(s);
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_in_use_current);
+  EXPECT_EQ(0u, stats().allocations_in_use_current);
 }
 
 /// With the stream caches on: the fast path (cache hits and same-stream frees into the cache).

@@ -2,6 +2,8 @@
 // served by the per-device default allocator. On both drivers.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "support/driver_test.hpp"
 
 namespace arcpool::test {
@@ -49,6 +51,36 @@ TEST_P(RawPointer, InteriorPointersResolveToTheirAllocation) {
   EXPECT_OK(arcpool_record_stream(p + kBytes / 2, s_));
   EXPECT_OK(arcpool_free_async(p + 100, kBytes, 0, s_));
   EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(p, kBytes, 0, s_));
+}
+
+/// The map is sharded by data pointer: an interior pointer hashes to some other shard than
+/// its allocation's, and must still be found, for each of many allocations spread over the
+/// shards; exact pointers are found in their own.
+TEST_P(RawPointer, EveryAllocationOfManyIsFoundByExactAndInteriorPointers) {
+  constexpr size_t kCount = 256;
+  constexpr size_t kSmall = 4096;
+  std::vector<char*> blocks;
+  for (size_t i = 0; i < kCount; ++i) {
+    blocks.push_back(static_cast<char*>(arcpool_malloc_async(kSmall, 0, s_)));
+    ASSERT_NE(nullptr, blocks.back()) << arcpool_last_error();
+  }
+  for (size_t i = 0; i < kCount; ++i) {
+    EXPECT_OK(arcpool_record_stream(blocks[i], s_)) << "exact pointer of block " << i;
+    EXPECT_OK(arcpool_record_stream(blocks[i] + 1 + i % (kSmall - 1), s_))
+        << "interior pointer of block " << i;
+  }
+  // Every other block by its exact pointer, the rest by an interior one.
+  for (size_t i = 0; i < kCount; ++i) {
+    char* p = i % 2 == 0 ? blocks[i] : blocks[i] + kSmall - 1 - i;
+    EXPECT_OK(arcpool_free_async(p, kSmall, 0, s_)) << "block " << i;
+  }
+  for (char* p : blocks) {
+    EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(p, kSmall, 0, s_))
+        << "freed twice";
+  }
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_in_use_current);
 }
 
 TEST_P(RawPointer, RecordStreamOrdersTheFreeAfterTheOtherStream) {

@@ -2,34 +2,64 @@
 // resolve to their allocation).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "core/allocation.hpp"
 #include "support/address_table.hpp"
 #include "support/spinlock.hpp"
 
 namespace arcpool::detail {
 
-/// By data pointer. An exact data pointer (what frameworks free) is one hash probe sequence; an
-/// interior pointer is found by a scan of the table, linear in the live by-pointer allocations
-/// (design.md §3).
+/// By data pointer, in shards chosen by the pointer, each a hash table under its own spinlock,
+/// so that threads allocating and freeing different pointers do not share a lock or its cache
+/// line. An exact data pointer (what frameworks free) is one shard and one hash probe sequence;
+/// an interior pointer is found by a scan of every shard, linear in the live by-pointer
+/// allocations (design.md §7).
 class pointer_map {
  public:
+  /// Shards of the map (a power of two).
+  static constexpr size_t kShards = 64;
+
   /// Adds `a` by its data range; the map keeps the caller's claim and reference. False, with
-  /// nothing kept, when the table could not grow (no host memory).
+  /// nothing kept, when its shard's table could not grow (no host memory).
   bool insert(allocation* a);
   /// The allocation whose data range contains `p`, with a new reference the caller releases;
   /// null if none.
   allocation* find(const void* p) const;
   /// Removes and returns the allocation whose data range contains `p`, with the map's claim
   /// and reference; null if none. Until the caller puts it back, no other thread finds it, and
-  /// putting it back cannot fail (the table never shrinks).
+  /// putting it back fails only if other allocations made its shard's table grow meanwhile and
+  /// no host memory was left.
   allocation* take(const void* p);
 
  private:
-  /// A spinlock, not a reader-writer lock: inserts and takes (every allocation and free) write,
-  /// and the critical sections are a few probes; a pthread rwlock pair cost ~75 instructions
-  /// each, the spinlock ~5.
-  mutable spinlock mutex_;
-  address_table<allocation> by_start_;
+  /// One shard, alone on its cache lines. A spinlock, not a reader-writer lock: inserts and
+  /// takes (every allocation and free) write, and the critical sections are a few probes; a
+  /// pthread rwlock pair cost ~75 instructions each, the spinlock ~5.
+  struct alignas(64) shard {
+    mutable spinlock mutex;
+    address_table<allocation> by_start;
+  };
+  static_assert(alignof(shard) == 64 && sizeof(shard) % 64 == 0,
+                "each shard of the by-pointer map fills whole cache lines of its own");
+
+  /// The shard of data pointer `start`: bits of its Fibonacci hash that address_table's home
+  /// slot does not use, so that one shard's entries still spread over its table.
+  static size_t shard_of(uintptr_t start) noexcept {
+    return static_cast<size_t>((static_cast<uint64_t>(start) * 0x9E3779B97F4A7C15ull) >> 58) &
+           (kShards - 1);
+  }
+  /// Runs `fn(shard, index)` under the lock of the shard of `map` (a pointer_map, const or
+  /// not) whose entry contains `address`: its own shard's probe sequence for an exact start,
+  /// else a scan of every shard (out of line: frameworks free exact pointers). Returns `fn`'s
+  /// result; null when no shard has one.
+  template <class Map, class F>
+  static allocation* with_entry(Map& map, uintptr_t address, F&& fn);
+  template <class Map, class F>
+  [[gnu::noinline]] static allocation* with_interior_entry(Map& map, uintptr_t address, F&& fn);
+
+  shard shards_[kShards];
 };
 
 /// The process's map of by-pointer allocations (every device).
