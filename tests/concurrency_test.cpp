@@ -277,6 +277,64 @@ TEST_P(ConcurrentFastPath, ThreadsBeyondTheOwnedShardsLoseNoCount) {
   EXPECT_EQ(before.bytes_in_use_current, after.bytes_in_use_current);
 }
 
+/// A stream's own statistics row changes with plain stores under its cache's lock: on the fast
+/// path inside the cache's take or put, elsewhere (uncached allocations, frees on other streams)
+/// by taking that lock. Threads sharing one stream, on every path at once, lose no update.
+TEST_P(ConcurrentFastPath, OneStreamsRowLosesNoUpdateFromConcurrentPaths) {
+  constexpr int kWorkers = 4;
+  constexpr int kRounds = 2000;
+  constexpr size_t kSmall = 4096;           // cached: the fast path
+  constexpr size_t kBig = size_t{2} << 20;  // above stream_cache_max_block: never cached
+  const arcpool_stream_t shared = make_stream();
+  std::vector<arcpool_stream_t> own;
+  for (int t = 0; t < kWorkers; ++t)
+    own.push_back(make_stream());
+  std::atomic<int> errors{0};
+  auto check = [&](arcpool_status_t status) {
+    if (status != ARCPOOL_STATUS_SUCCESS) errors.fetch_add(1);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWorkers; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        arcpool_allocation_t* a = nullptr;
+        const bool big = i % 7 == 3;
+        check(arcpool_allocate_async(alloc_, big ? kBig : kSmall, 0, shared, 0, &a));
+        if (a == nullptr) continue;
+        if (i % 3 == 1) {
+          // Freed on another stream: the row's free outside its cache's take and put.
+          check(arcpool_transfer(a, own[t]));
+          check(arcpool_deallocate_async(a, own[t], ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+        } else {
+          check(arcpool_deallocate_async(a, shared, 0));
+        }
+        arcpool_allocation_release(a);
+      }
+    });
+  }
+  for (std::thread& th : threads)
+    th.join();
+  sync(shared);
+  for (arcpool_stream_t s : own)
+    sync(s);
+  finish_reclaims();
+  EXPECT_EQ(0, errors.load());
+  std::vector<arcpool_stream_stats_t> rows(ARCPOOL_STREAM_STATS_ROWS + 1);
+  size_t count = 0;
+  ASSERT_OK(arcpool_stream_stats_list(alloc_, rows.data(), sizeof(rows[0]), rows.size(), &count));
+  rows.resize(count);
+  bool found = false;
+  for (const arcpool_stream_stats_t& r : rows) {
+    if (r.other != 0 || r.stream != shared) continue;
+    found = true;
+    EXPECT_EQ(0u, r.bytes_in_use_current) << "a lost change of the bytes in use";
+    EXPECT_EQ(uint64_t{kWorkers} * kRounds, r.allocations) << "a lost allocation count";
+    EXPECT_GT(r.cache_hits, 0u);
+    EXPECT_GE(r.bytes_in_use_peak, kBig);
+  }
+  EXPECT_TRUE(found) << "no row for the shared stream";
+}
+
 ARCPOOL_INSTANTIATE_FOR_DRIVERS(Concurrency);
 ARCPOOL_INSTANTIATE_FOR_DRIVERS(ConcurrentFastPath);
 

@@ -117,35 +117,44 @@ arcpool_status_t allocator::take_from_pool(allocation::params& p, stream_handle 
 
 template <class Local>
 inline void allocator::count_allocation(const stream_ref& origin, void* base, void* data,
-                                        size_t size, uint64_t serial, Local& st, bool cache_hit) {
+                                        size_t size, uint64_t serial, Local& st, bool cache_hit,
+                                        bool row_counted) {
   st.count(cache_hit ? stat::cache_hits : stat::allocations);  // a hit is an allocation (sum)
   st.add(stat::allocations_in_use, 1);  // first: a flush of the bytes takes the count along
   st.add(stat::bytes_in_use, static_cast<int64_t>(size));
-  stream_stats_of(origin).allocated(size, cache_hit);
+  if (!row_counted) stream_stats_of(origin).allocated(size, cache_hit);
   if (log_.enabled()) log_.write("allocate", data, size, origin.handle);
   if (history_.enabled()) history_.alloc(base, size, origin.handle);
   nvtx::name_region(data, size, serial);
 }
 
-arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignment,
-                                         const stream_ref& origin, allocation** out) {
+bool allocator::allocate_cached(block_cache& cache, size_t size, size_t alignment,
+                                const stream_ref& origin, allocation** out) {
+  thread_state& ts = this_thread_state();  // the thread's one TLS lookup here
+  // The record's storage before the block, so that a hit, once counted, cannot fail.
+  void* storage = ts.records.allocate();
+  if (storage == nullptr) return false;
+  // The stream's own row counts the hit under the cache's lock, with no locked instruction.
+  stream_stats& row = stream_stats_of(origin);
+  bool row_counted = false;
+  void* block = cache.take(size, [&](const spinlock& held) {
+    row_counted = row.allocated_if_guarded_by(held, size, /*cache_hit=*/true);
+  });
+  if (block == nullptr) {
+    ts.records.free(storage);
+    return false;
+  }
   // Only created, registered and legacy default streams have caches: never a per-thread
   // default stream, whose allocations take a fence (allocate_uncached).
   if (notes_cache_moves_) driver_->note_acquire(block, size, origin.handle);
-  thread_state& ts = this_thread_state();  // the thread's one TLS lookup here
-  allocation* a = new (ts) allocation(*this, origin, size, alignment, block, next_serial(ts));
-  if (a == nullptr) {
-    allocation::params p;
-    p.base = block;
-    p.held_bytes = size;
-    give_back(p, origin.handle, /*from_cache=*/true);
-    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
-  }
+  allocation* a =
+      ::new (storage) allocation(*this, origin, size, alignment, block, next_serial(ts));
   const shard_slot slot = thread_shard(ts);
   records_.add(slot, 1);
   auto count_hit = [&](auto st) {
     st.sub(stat::bytes_cached, static_cast<int64_t>(size));
-    count_allocation(origin, block, block, size, a->placement.serial, st, /*cache_hit=*/true);
+    count_allocation(origin, block, block, size, a->placement.serial, st, /*cache_hit=*/true,
+                     row_counted);
   };
   if (slot.exclusive) {
     count_hit(stats_.owned_at(slot));  // the common case: no ownership test per update
@@ -153,7 +162,7 @@ arcpool_status_t allocator::adopt_cached(void* block, size_t size, size_t alignm
     count_hit(stats_.at(slot));
   }
   *out = a;
-  return ARCPOOL_STATUS_SUCCESS;
+  return true;
 }
 
 arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
@@ -180,7 +189,7 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   // A cache holds only blocks of cacheable sizes (free_block), so the hit checks no size.
   if (flags == 0 && alignment <= ARCPOOL_DEFAULT_ALIGNMENT) {
     if (block_cache* cache = cache_for(origin)) {
-      if (void* block = cache->take(size)) return adopt_cached(block, size, alignment, origin, out);
+      if (allocate_cached(*cache, size, alignment, origin, out)) return ARCPOOL_STATUS_SUCCESS;
     }
   }
   return allocate_uncached(size, alignment, flags, origin, out);
@@ -204,28 +213,27 @@ arcpool_status_t allocator::allocate_uncached(size_t size, size_t alignment, uin
   fence_ref named;
   if (p.origin.kind == stream_kind::per_thread_default && p.base != nullptr) {
     if (arcpool_status_t status = take_fence(p.origin, &named); status != ARCPOOL_STATUS_SUCCESS) {
-      give_back(p, s, /*from_cache=*/false);
+      give_back(p, s);
       return status;
     }
   }
   p.serial = next_serial();
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
-    give_back(p, s, /*from_cache=*/false);
+    give_back(p, s);
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record");
   }
   a->current_fence = std::move(named);
   record_created();
   stats::local st = stats_.here();
-  count_allocation(p.origin, p.base, p.data, size, p.serial, st, /*cache_hit=*/false);
+  count_allocation(p.origin, p.base, p.data, size, p.serial, st, /*cache_hit=*/false,
+                   /*row_counted=*/false);
   *out = a;
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-void allocator::give_back(const allocation::params& p, stream_handle s, bool from_cache) {
+void allocator::give_back(const allocation::params& p, stream_handle s) {
   if (p.base == nullptr) return;
-  // A cached block is counted as cached until the allocation succeeds; it goes to the pool.
-  if (from_cache) stats_.sub(stat::bytes_cached, static_cast<int64_t>(p.held_bytes));
   history_.segment_free(p.base, s);
   driver_->pool_free(p.base, p.held_bytes, s);
   stats_.sub(stat::bytes_held, static_cast<int64_t>(p.held_bytes));

@@ -71,8 +71,9 @@ class allocation final : public arcpool_allocation {
   };
 
   allocation(allocator& owner, const params& p);
-  /// A cache hit's record, built in place: `bytes` at `block` (held whole, aligned to the
-  /// pool's alignment) on `origin`, ASYNCHRONOUS and nothing else.
+  /// A cache hit's record, built in place (`::new (storage)`, in a block of the calling
+  /// thread's record list): `bytes` at `block` (held whole, aligned to the pool's alignment) on
+  /// `origin`, ASYNCHRONOUS and nothing else.
   allocation(allocator& owner_allocator, const stream_ref& origin, size_t bytes, size_t alignment,
              void* block, uint64_t serial) noexcept
       : arcpool_allocation(this, 0, bytes, false),
@@ -97,13 +98,10 @@ class allocation final : public arcpool_allocation {
   static void* operator new(size_t, const std::nothrow_t&) noexcept {
     return this_thread_state().records.allocate();
   }
-  /// From the list in `ts`, the calling thread's state that the caller looked up already.
-  static void* operator new(size_t, thread_state& ts) noexcept { return ts.records.allocate(); }
   static void operator delete(void* p) noexcept { this_thread_state().records.free(p); }
   static void operator delete(void* p, const std::nothrow_t&) noexcept {
     this_thread_state().records.free(p);
   }
-  static void operator delete(void* p, thread_state& ts) noexcept { ts.records.free(p); }
   /// `delete a`, into the list in `ts` (the calling thread's state).
   static void destroy(allocation* a, thread_state& ts) noexcept {
     a->~allocation();

@@ -259,10 +259,13 @@ class allocator {
                                    const fence_list& fences, stat::counter route_counter);
   /// The end of commit_and_free, after the commit: the block goes to `target_cache` or back to
   /// the pool on `target` (the before-free hook first); counts it, and `route_counter` once it
-  /// succeeded, through `st`.
+  /// succeeded, through `st`. `row_to_free`, given only with a `target_cache` and a cacheable
+  /// block, is the origin's statistics row whose free the commit left out: counted under the
+  /// cache's lock when that lock guards it, after it otherwise.
   template <class Local>
   arcpool_status_t free_block(allocation& a, stream_handle target, block_cache* target_cache,
-                              stat::counter route_counter, Local& st);
+                              stat::counter route_counter, Local& st,
+                              stream_stats* row_to_free = nullptr);
   /// deallocate's fast path (is_same_stream_free, not capturing, no flags): commit_and_free on
   /// the caller's stream without fences or use records, every call inlined, so that the
   /// constant arguments prune it.
@@ -293,10 +296,11 @@ class allocator {
   /// Accepts the deallocation (ownership transition, stats, the log's free row on `stream`).
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream);
   /// commit with the calling thread's stats shard, looked up by the caller (stats::local, or
-  /// stats::owned_local in deallocate.cpp).
+  /// stats::owned_local in deallocate.cpp). `row_freed_by_caller`: the caller counts the free
+  /// on the origin's statistics row itself (free_block's `row_to_free`).
   template <class Local>
-  arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream,
-                          Local& st);
+  arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream, Local& st,
+                          bool row_freed_by_caller = false);
   /// Whether finish_deallocation would take the same-stream route for a deallocation without
   /// flags by `caller`: arcpool's own memory of a determinate lifetime, no use records, and
   /// the caller is its origin and current stream, alive and nameable from this thread.
@@ -316,23 +320,25 @@ class allocator {
   static arcpool_status_t padded_size(size_t size, size_t alignment, size_t* out);
   /// `p` aligned up to `alignment` (a power of two).
   static void* align_up(void* p, size_t alignment);
-  /// allocate's cache hit: the record of `block` (exactly `size` bytes) on `origin`.
-  arcpool_status_t adopt_cached(void* block, size_t size, size_t alignment,
-                                const stream_ref& origin, allocation** out);
+  /// allocate's cache hit: a block of exactly `size` bytes from `cache` (`origin`'s) and its
+  /// record, built in place. False, with nothing changed, when the cache has no such block (or
+  /// no record could be had).
+  bool allocate_cached(block_cache& cache, size_t size, size_t alignment, const stream_ref& origin,
+                       allocation** out);
   /// Counts a new allocation of `size` bytes at `data` (block `base`, serial `serial`) on
-  /// `origin`: its statistics through `st` and its stream's row, and its entries in the log, the
-  /// history and the NVTX tools. What both kinds of allocation do last.
+  /// `origin`: its statistics through `st` and its stream's row (unless `row_counted`), and its
+  /// entries in the log, the history and the NVTX tools. What both kinds of allocation do last.
   template <class Local>
   [[gnu::always_inline]] void count_allocation(const stream_ref& origin, void* base, void* data,
                                                size_t size, uint64_t serial, Local& st,
-                                               bool cache_hit);
+                                               bool cache_hit, bool row_counted);
   /// allocate without a cache hit: a block from the pool (none for zero bytes).
   arcpool_status_t allocate_uncached(size_t size, size_t alignment, uint32_t flags,
                                      const stream_ref& origin, allocation** out);
   /// The fast path's miss: a block for `p` (size and alignment set) from the pool.
   arcpool_status_t take_from_pool(allocation::params& p, stream_handle s);
   /// Gives the block of a failed allocation back to the pool on `s`.
-  void give_back(const allocation::params& p, stream_handle s, bool from_cache);
+  void give_back(const allocation::params& p, stream_handle s);
   /// The status (with message) of an ownership transition that did not happen; SUCCESS for
   /// one that did (inline: the fast path's transitions succeed).
   arcpool_status_t ownership_failure(const allocation& a, ownership_result r, const char* what) {

@@ -13,22 +13,28 @@ namespace arcpool::detail {
 
 class block_cache {
  public:
-  /// A cached block of exactly `bytes`, or null. Cost: a spinlock and a probe of a few bins.
-  void* take(size_t bytes) {
+  /// A cached block of exactly `bytes`, or null. Runs `under_lock(guard())` under the cache's
+  /// lock when it takes one (a stream's statistics row counts the hit there). Cost: a spinlock
+  /// and a probe of a few bins.
+  template <class F>
+  void* take(size_t bytes, F&& under_lock) {
     std::lock_guard<spinlock> lock(lock_);
     bin* b = find(bytes);
     if (b == nullptr || b->blocks.empty()) return nullptr;
     void* p = b->blocks.back();
     b->blocks.pop_back();
     bytes_ -= bytes;
+    under_lock(static_cast<const spinlock&>(lock_));
     return p;
   }
 
   /// Keeps `p` (of `bytes`) unless the cache is closed, would hold more than `limit` bytes, or
-  /// has no bin left for a new size. The caller has enqueued every wait the block needs on the
-  /// cache's stream.
-  bool put(void* p, size_t bytes, size_t limit) {
+  /// has no bin left for a new size. Runs `under_lock(guard())` under the cache's lock either
+  /// way. The caller has enqueued every wait the block needs on the cache's stream.
+  template <class F>
+  bool put(void* p, size_t bytes, size_t limit, F&& under_lock) {
     std::lock_guard<spinlock> lock(lock_);
+    under_lock(static_cast<const spinlock&>(lock_));
     if (closed_ || bytes_ + bytes > limit) return false;
     bin* b = find(bytes);
     if (b == nullptr) b = claim(bytes);
@@ -62,6 +68,10 @@ class block_cache {
     std::lock_guard<spinlock> lock(lock_);
     return bytes_;
   }
+
+  /// The lock every operation takes: a stream's own statistics row changes under it
+  /// (stream_stats::guard_with).
+  spinlock& guard() noexcept { return lock_; }
 
  private:
   /// Blocks of one exact size. size 0: free bin.

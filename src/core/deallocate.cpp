@@ -119,7 +119,7 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
 
 template <class Local>
 arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, stream_handle stream,
-                                   Local& st) {
+                                   Local& st, bool row_freed_by_caller) {
   if (implicit) {
     if (!a.owners.accept_implicit_free()) {
       return ownership_failure(a, ownership_result::already_deallocated, "implicit free");
@@ -139,14 +139,15 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
   } else if (!a.external()) {
     st.sub(stat::bytes_in_use, static_cast<int64_t>(a.placement.size));
     st.sub(stat::allocations_in_use, 1);
-    stream_stats_of(a.placement.origin).freed(a.placement.size);
+    if (!row_freed_by_caller) stream_stats_of(a.placement.origin).freed(a.placement.size);
     if (history_.enabled()) history_.free_requested(a.placement.base, stream);
   }
   return ARCPOOL_STATUS_SUCCESS;
 }
 
 // capture.cpp commits through the general shard too.
-template arcpool_status_t allocator::commit(allocation&, bool, bool, stream_handle, stats::local&);
+template arcpool_status_t allocator::commit(allocation&, bool, bool, stream_handle, stats::local&,
+                                            bool);
 
 arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,
                                             bool implicit, stream_handle target,
@@ -164,7 +165,7 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
 template <class Local>
 arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
                                        block_cache* target_cache, stat::counter route_counter,
-                                       Local& st) {
+                                       Local& st, stream_stats* row_to_free) {
   if (config_.before_free != nullptr) {
     config_.before_free(a.placement.base, a.placement.held_bytes, target,
                         config_.before_free_user_data);
@@ -175,7 +176,15 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
   const bool recording = history_.enabled();
   if (target_cache != nullptr && a.placement.cacheable) {
     if (recording) history_.free_completed(a.placement.base, target);
-    if (target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes)) {
+    bool row_counted = false;
+    const bool kept =
+        target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes,
+                          [&](const spinlock& held) {
+                            row_counted = row_to_free != nullptr &&
+                                          row_to_free->freed_if_guarded_by(held, a.placement.size);
+                          });
+    if (row_to_free != nullptr && !row_counted) row_to_free->freed(a.placement.size);
+    if (kept) {
       st.count(route_counter == stat::same_stream_frees ? stat::cached_same_stream_frees
                                                         : stat::cached_cross_stream_frees);
       st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
@@ -197,10 +206,16 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
 }
 
 arcpool_status_t allocator::free_same_stream(allocation& a, const stream_ref& caller) {
-  // No fences and no use records (is_same_stream_free): the commit, then the block.
+  // No fences and no use records (is_same_stream_free): the commit, then the block. The
+  // origin's own statistics row counts the free under its cache's lock, which the free into
+  // the cache holds anyway (only a cacheable block, never graph memory or an import, is put).
+  block_cache* const cache = cache_for(caller);
   auto commit_then_free = [&](auto st) {
-    ARCPOOL_RETURN_IF_ERROR(commit(a, /*force=*/false, /*implicit=*/false, caller.handle, st));
-    return free_block(a, caller.handle, cache_for(caller), stat::same_stream_frees, st);
+    stream_stats* const row =
+        cache != nullptr && a.placement.cacheable ? &stream_stats_of(a.placement.origin) : nullptr;
+    ARCPOOL_RETURN_IF_ERROR(commit(a, /*force=*/false, /*implicit=*/false, caller.handle, st,
+                                   /*row_freed_by_caller=*/row != nullptr));
+    return free_block(a, caller.handle, cache, stat::same_stream_frees, st, row);
   };
   const shard_slot slot = thread_shard();
   // The common case: the thread owns its shard, and no update tests it.

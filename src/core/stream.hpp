@@ -23,9 +23,13 @@ namespace arcpool::detail {
 /// first records a final fence covering everything queued on it so far.
 class stream_entry {
  public:
-  /// `stats`: the stream's statistics row (its own, or the other-streams row).
-  stream_entry(stream_handle handle, uint64_t id, bool created, stream_stats* stats)
-      : handle_(handle), id_(id), created_(created), stats_(stats) {}
+  /// Takes the stream's statistics row from `rows` (its own, guarded by its cache's lock, or
+  /// the other-streams row once every row is taken).
+  stream_entry(stream_handle handle, uint64_t id, bool created, stream_stats_table& rows)
+      : handle_(handle),
+        id_(id),
+        created_(created),
+        stats_(rows.take(handle, id, cache_.guard())) {}
 
   stream_handle handle() const noexcept { return handle_; }
   uint64_t id() const noexcept { return id_; }
@@ -61,6 +65,8 @@ class stream_entry {
   }
 
  private:
+  /// First, so that it exists when the statistics row is taken under its guard.
+  block_cache cache_;
   const stream_handle handle_;
   const uint64_t id_;
   const bool created_;
@@ -70,7 +76,6 @@ class stream_entry {
   shared_spinlock mutex_;
   std::atomic<bool> alive_{true};
   fence_ref final_;
-  block_cache cache_;
 };
 
 /// What kind of stream a handle names.
@@ -140,12 +145,17 @@ class stream_registry {
     return it == entries_.end() ? nullptr : it->second.get();
   }
 
-  /// Adds `entry`; returns false if its identity is already present.
+  /// Adds `entry`; returns false if its identity is already present (a registration racing
+  /// another), keeping `entry` in the graveyard: its statistics row may point at its cache.
   bool add(std::unique_ptr<stream_entry> entry) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     const uint64_t id = entry->id();
-    const bool added = entries_.emplace(id, std::move(entry)).second;
-    if (added) stamp_.store(next_stamp(), std::memory_order_release);
+    const bool added = entries_.try_emplace(id, std::move(entry)).second;
+    if (added) {
+      stamp_.store(next_stamp(), std::memory_order_release);
+    } else {
+      graveyard_.push_back(std::move(entry));  // try_emplace left it unmoved
+    }
     return added;
   }
 

@@ -15,12 +15,14 @@ void stream_stats::read(arcpool_stream_stats_t* out) const noexcept {
   out->deferred_frees = deferred_frees.load(std::memory_order_relaxed);
 }
 
-stream_stats* stream_stats_table::take(arcpool_stream_t handle, uint64_t id) noexcept {
+stream_stats* stream_stats_table::take(arcpool_stream_t handle, uint64_t id,
+                                       spinlock& guard) noexcept {
   std::lock_guard<std::mutex> lock(take_mutex_);
   const size_t i = taken_.load(std::memory_order_relaxed);
   if (i == kRows) return &other_;
   owners_[i].handle = handle;
   owners_[i].id = id;
+  rows_[i].guard_with(guard);
   taken_.store(i + 1, std::memory_order_release);
   return &rows_[i];
 }
