@@ -11,7 +11,12 @@ namespace arcpool::detail {
 /// - increment is relaxed: the caller already holds a reference, so the object is alive and
 ///   nothing needs to be published by the increment itself;
 /// - decrement is acq_rel: the release half publishes this holder's writes, the acquire half
-///   lets whoever drops the last reference see every other holder's writes before destroying.
+///   lets whoever drops the last reference see every other holder's writes before destroying;
+/// - a decrement that finds the count at 1 is the last without writing it: the one reference
+///   is the caller's, so no other thread holds one and none can add one (increment needs a
+///   reference), and its acquire load sees what earlier holders published by their release
+///   decrements. The common last release then makes no locked read-modify-write. The count of
+///   an object released that way stays at 1 (reset re-arms it for reuse).
 class refcount {
  public:
   explicit refcount(uint32_t initial) noexcept : count_(initial) {}
@@ -21,6 +26,7 @@ class refcount {
 
   /// Drops a reference. Returns true if it was the last one.
   [[nodiscard]] bool decrement() noexcept {
+    if (count_.load(std::memory_order_acquire) == 1) return true;
     return count_.fetch_sub(1, std::memory_order_acq_rel) == 1;
   }
 
