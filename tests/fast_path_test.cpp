@@ -90,6 +90,27 @@ TEST_P(FastPath, ACacheHitCountsInEveryStatisticAnAllocationMoves) {
   EXPECT_EQ(before.bytes_cached_current, after.bytes_cached_current);
 }
 
+TEST_P(FastPath, AFreeOnTheOriginWithAnotherStreamsUseIsNotCached) {
+  // The same-stream route, and so the cache, only without other streams' uses (design.md §4):
+  // a block another stream may still read must not be lent to the origin's next allocation.
+  warm();
+  arcpool_stream_t reader = make_stream();
+  arcpool_allocation_t* a = allocate(kBlock, s_);  // the cache's block
+  ASSERT_OK(arcpool_record_use(a, reader));
+  const arcpool_stats_t before = stats();
+  ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+  const arcpool_stats_t after = stats();
+  EXPECT_EQ(before.deallocations + 1, after.deallocations);
+  EXPECT_EQ(before.cache_frees, after.cache_frees)
+      << "the block went into the origin's cache while another stream may use it";
+  EXPECT_EQ(before.bytes_cached_current, after.bytes_cached_current);
+  arcpool_allocation_release(a);
+  sync(reader);
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().allocations_in_use_current);
+}
+
 TEST_P(FastPath, RecordsReleasedOnAnotherThreadServeLaterAllocations) {
   // Records allocated here, released on other threads (into those threads' free lists), then
   // allocated and released here again: every record must stay intact and none may leak

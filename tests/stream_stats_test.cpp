@@ -77,6 +77,19 @@ TEST_P(StreamStats, ACacheHitCountsOnItsStream) {
   EXPECT_EQ(0u, r.cross_stream_frees);
 }
 
+TEST_P(StreamStats, AFreeIntoItsStreamsCacheTakesItsBytesOffTheRow) {
+  // The first free fills the cache, the second allocation hits it: both frees are the fast
+  // path's (design.md §7).
+  arcpool_stream_t s = make_stream();
+  for (int i = 0; i < 2; ++i) {
+    arcpool_allocation_t* a = allocate(kSmall, s);
+    EXPECT_EQ(kSmall, row_of(s).bytes_in_use_current);
+    free_on(a, s);
+    EXPECT_EQ(0u, row_of(s).bytes_in_use_current) << "round " << i;
+  }
+  EXPECT_EQ(1u, row_of(s).cache_hits);
+}
+
 TEST_P(StreamStats, TheRowsAddUpToTheAllocatorsTotals) {
   arcpool_stream_t a = make_stream();
   arcpool_stream_t b = make_stream();

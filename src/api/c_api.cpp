@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include "api/default_allocators.hpp"
@@ -33,20 +34,25 @@ template <class F>
   }
 }
 
-/// Runs `body` guarded, inside an NVTX range of `kind` when a tool is attached. The range, and
-/// the first use's decision whether a tool is attached, are out of line: without a tool an entry
-/// point pays one load and a branch for them (design.md §11).
-template <class F>
+/// Runs `body(args...)` guarded, inside an NVTX range of `kind` when a tool is attached. The
+/// range, and the first use's decision whether a tool is attached, are out of line: without a
+/// tool an entry point pays one load and a branch for them (design.md §11). `body` captures
+/// nothing and is handed its arguments, so that they stay in registers on the way without a
+/// tool (a capturing lambda would be built in memory before the test).
+template <class F, class... Args>
 [[gnu::noinline]] arcpool_status_t traced_in_range(nvtx::op kind, size_t bytes,
-                                                   arcpool_stream_t stream, F body) noexcept {
+                                                   arcpool_stream_t stream, F body,
+                                                   Args... args) noexcept {
   nvtx::range range(kind, bytes, stream);  // pushes nothing when the decision was "no tool"
-  return guarded(body);
+  return guarded([&] { return body(args...); });
 }
-template <class F>
+template <class F, class... Args>
 [[gnu::always_inline]] inline arcpool_status_t traced(nvtx::op kind, size_t bytes,
-                                                      arcpool_stream_t stream, F&& body) noexcept {
-  if (nvtx::maybe_enabled()) return traced_in_range(kind, bytes, stream, body);
-  return guarded(body);
+                                                      arcpool_stream_t stream, F body,
+                                                      Args... args) noexcept {
+  static_assert(std::is_empty_v<F>, "a traced body captures nothing: pass its arguments");
+  if (nvtx::maybe_enabled()) return traced_in_range(kind, bytes, stream, body, args...);
+  return guarded([&] { return body(args...); });
 }
 
 arcpool_status_t null_argument(const char* function, const char* argument) {
@@ -75,6 +81,11 @@ arcpool_status_t copy_versioned(const T& full, T* out, const char* function) {
 allocation& record_of(arcpool_allocation_t* handle) {
   return *handle->record;
 }
+
+/// allocator::free_by_pointer as a traced body.
+constexpr auto free_by_pointer = [](void* p, arcpool_stream_t s, int device) {
+  return allocator::free_by_pointer(p, s, device);
+};
 
 }  // namespace
 
@@ -139,8 +150,10 @@ int arcpool_allocator_device(const arcpool_allocator_t* allocator) {
 
 arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator, size_t keep_bytes) {
   ARCPOOL_REQUIRE_ARG(allocator);
-  return traced(nvtx::op::trim, keep_bytes, nullptr,
-                [=] { return from_handle(allocator)->trim(keep_bytes); });
+  return traced(
+      nvtx::op::trim, keep_bytes, nullptr,
+      [](arcpool::detail::allocator* a, size_t keep) { return a->trim(keep); },
+      from_handle(allocator), keep_bytes);
 }
 
 arcpool_status_t arcpool_allocator_log_open(arcpool_allocator_t* allocator, const char* path) {
@@ -202,40 +215,47 @@ arcpool_status_t arcpool_allocate_async(arcpool_allocator_t* allocator, size_t s
                                         arcpool_allocation_t** out_allocation) {
   ARCPOOL_REQUIRE_ARG(allocator);
   ARCPOOL_REQUIRE_ARG(out_allocation);
-  return traced(nvtx::op::allocate, size, stream, [=] {
-    allocation* a = nullptr;
-    ARCPOOL_RETURN_IF_ERROR(from_handle(allocator)->allocate(size, alignment, stream, flags, &a));
-    *out_allocation = a;
-    return ARCPOOL_STATUS_SUCCESS;
-  });
+  return traced(
+      nvtx::op::allocate, size, stream,
+      [](arcpool::detail::allocator* owner, size_t n, size_t align, arcpool_stream_t s, uint32_t f,
+         arcpool_allocation_t** out) {
+        allocation* a = nullptr;
+        ARCPOOL_RETURN_IF_ERROR(owner->allocate(n, align, s, f, &a));
+        *out = a;
+        return ARCPOOL_STATUS_SUCCESS;
+      },
+      from_handle(allocator), size, alignment, stream, flags, out_allocation);
 }
 
 arcpool_status_t arcpool_deallocate_async(arcpool_allocation_t* allocation, arcpool_stream_t stream,
                                           uint32_t flags) {
   ARCPOOL_REQUIRE_ARG(allocation);
-  return traced(nvtx::op::deallocate, allocation->size, stream, [=] {
-    auto& a = record_of(allocation);
-    return a.owner.deallocate(a, stream, flags);
-  });
+  return traced(
+      nvtx::op::deallocate, allocation->size, stream,
+      [](arcpool::detail::allocation* a, arcpool_stream_t s, uint32_t f) {
+        return a->owner.deallocate(*a, s, f);
+      },
+      allocation->record, stream, flags);
 }
 
 arcpool_status_t arcpool_allocation_preserve(arcpool_allocation_t* allocation) {
   ARCPOOL_REQUIRE_ARG(allocation);
-  return traced(nvtx::op::preserve, allocation->size, nullptr, [=] {
-    auto& a = record_of(allocation);
-    return a.owner.preserve(a);
-  });
+  return traced(
+      nvtx::op::preserve, allocation->size, nullptr,
+      [](arcpool::detail::allocation* a) { return a->owner.preserve(*a); }, allocation->record);
 }
 
 arcpool_status_t arcpool_allocation_discard(arcpool_allocation_t* allocation, int* out_was_last) {
   ARCPOOL_REQUIRE_ARG(allocation);
-  return traced(nvtx::op::discard, allocation->size, nullptr, [=] {
-    auto& a = record_of(allocation);
-    bool last = false;
-    ARCPOOL_RETURN_IF_ERROR(a.owner.discard(a, &last));
-    if (out_was_last != nullptr) *out_was_last = last ? 1 : 0;
-    return ARCPOOL_STATUS_SUCCESS;
-  });
+  return traced(
+      nvtx::op::discard, allocation->size, nullptr,
+      [](arcpool::detail::allocation* a, int* was_last) {
+        bool last = false;
+        ARCPOOL_RETURN_IF_ERROR(a->owner.discard(*a, &last));
+        if (was_last != nullptr) *was_last = last ? 1 : 0;
+        return ARCPOOL_STATUS_SUCCESS;
+      },
+      allocation->record, out_was_last);
 }
 
 int arcpool_allocation_is_terminal(const arcpool_allocation_t* allocation) {
@@ -244,14 +264,17 @@ int arcpool_allocation_is_terminal(const arcpool_allocation_t* allocation) {
 
 arcpool_status_t arcpool_allocation_discard_and_release(arcpool_allocation_t* allocation) {
   ARCPOOL_REQUIRE_ARG(allocation);
-  return traced(nvtx::op::discard, allocation->size, nullptr, [=] {
-    auto& a = record_of(allocation);
-    bool last = false;
-    arcpool_status_t status = a.owner.discard(a, &last);
-    if (status == ARCPOOL_STATUS_SUCCESS && last) status = a.owner.deallocate_on_current(a);
-    arcpool::detail::release_handle(allocation);
-    return status;
-  });
+  return traced(
+      nvtx::op::discard, allocation->size, nullptr,
+      [](arcpool_allocation_t* handle) {
+        auto& a = record_of(handle);
+        bool last = false;
+        arcpool_status_t status = a.owner.discard(a, &last);
+        if (status == ARCPOOL_STATUS_SUCCESS && last) status = a.owner.deallocate_on_current(a);
+        arcpool::detail::release_handle(handle);
+        return status;
+      },
+      allocation);
 }
 
 arcpool_status_t arcpool_allocation_retain(arcpool_allocation_t* allocation) {
@@ -346,18 +369,18 @@ arcpool_status_t arcpool_allocation_view(arcpool_allocation_t* allocation, size_
 arcpool_status_t arcpool_allocation_export(arcpool_allocation_t* allocation, void** out_pointer) {
   ARCPOOL_REQUIRE_ARG(allocation);
   ARCPOOL_REQUIRE_ARG(out_pointer);
-  return traced(nvtx::op::export_memory, allocation->size, nullptr, [=] {
-    auto& a = record_of(allocation);
-    return a.owner.export_memory(a, out_pointer);
-  });
+  return traced(
+      nvtx::op::export_memory, allocation->size, nullptr,
+      [](arcpool::detail::allocation* a, void** out) { return a->owner.export_memory(*a, out); },
+      allocation->record, out_pointer);
 }
 
 arcpool_status_t arcpool_transfer(arcpool_allocation_t* allocation, arcpool_stream_t to_stream) {
   ARCPOOL_REQUIRE_ARG(allocation);
-  return traced(nvtx::op::transfer, allocation->size, to_stream, [=] {
-    auto& a = record_of(allocation);
-    return a.owner.transfer(a, to_stream);
-  });
+  return traced(
+      nvtx::op::transfer, allocation->size, to_stream,
+      [](arcpool::detail::allocation* a, arcpool_stream_t to) { return a->owner.transfer(*a, to); },
+      allocation->record, to_stream);
 }
 
 arcpool_status_t arcpool_record_use(arcpool_allocation_t* allocation, arcpool_stream_t stream) {
@@ -367,10 +390,12 @@ arcpool_status_t arcpool_record_use(arcpool_allocation_t* allocation, arcpool_st
 arcpool_status_t arcpool_record_use_with_flags(arcpool_allocation_t* allocation,
                                                arcpool_stream_t stream, uint32_t flags) {
   ARCPOOL_REQUIRE_ARG(allocation);
-  return traced(nvtx::op::record_use, allocation->size, stream, [=] {
-    auto& a = record_of(allocation);
-    return a.owner.record_use(a, stream, flags);
-  });
+  return traced(
+      nvtx::op::record_use, allocation->size, stream,
+      [](arcpool::detail::allocation* a, arcpool_stream_t s, uint32_t f) {
+        return a->owner.record_use(*a, s, f);
+      },
+      allocation->record, stream, flags);
 }
 
 arcpool_status_t arcpool_import(arcpool_allocator_t* allocator, void* pointer, size_t size,
@@ -382,13 +407,16 @@ arcpool_status_t arcpool_import(arcpool_allocator_t* allocator, void* pointer, s
     if (consume) on_free(pointer, size, user_data);
     return null_argument(__func__, allocator == nullptr ? "allocator" : "out_allocation");
   }
-  return traced(nvtx::op::import, size, stream, [=] {
-    allocation* a = nullptr;
-    ARCPOOL_RETURN_IF_ERROR(
-        from_handle(allocator)->import(pointer, size, stream, flags, on_free, user_data, &a));
-    *out_allocation = a;
-    return ARCPOOL_STATUS_SUCCESS;
-  });
+  return traced(
+      nvtx::op::import, size, stream,
+      [](arcpool::detail::allocator* owner, void* p, size_t n, arcpool_stream_t s, uint32_t f,
+         arcpool_on_free_t fn, void* data, arcpool_allocation_t** out) {
+        allocation* a = nullptr;
+        ARCPOOL_RETURN_IF_ERROR(owner->import(p, n, s, f, fn, data, &a));
+        *out = a;
+        return ARCPOOL_STATUS_SUCCESS;
+      },
+      from_handle(allocator), pointer, size, stream, flags, on_free, user_data, out_allocation);
 }
 
 // --- Raw-pointer entry points ----------------------------------------------------------------
@@ -414,20 +442,22 @@ arcpool_status_t arcpool_default_allocator_get(int device, arcpool_allocator_t**
 void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
   if (size == 0) return nullptr;
   void* data = nullptr;
-  traced(nvtx::op::allocate, size, stream, [&] {
-    arcpool::detail::allocator* a = nullptr;
-    ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a));
-    const arcpool_status_t status = a->malloc_by_pointer(size, 0, stream, &data);
-    a->release();
-    return status;
-  });
+  traced(
+      nvtx::op::allocate, size, stream,
+      [](size_t n, int d, arcpool_stream_t s, void** out) {
+        arcpool::detail::allocator* a = nullptr;
+        ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(d, &a));
+        const arcpool_status_t status = a->malloc_by_pointer(n, 0, s, out);
+        a->release();
+        return status;
+      },
+      size, device, stream, &data);
   return data;
 }
 
 arcpool_status_t arcpool_free_async(void* pointer, size_t, int device, arcpool_stream_t stream) {
   if (pointer == nullptr) return ARCPOOL_STATUS_SUCCESS;
-  return traced(nvtx::op::deallocate, 0, stream,
-                [=] { return allocator::free_by_pointer(pointer, stream, device); });
+  return traced(nvtx::op::deallocate, 0, stream, free_by_pointer, pointer, stream, device);
 }
 
 arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
@@ -437,16 +467,19 @@ arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
 arcpool_status_t arcpool_record_stream_with_flags(void* pointer, arcpool_stream_t stream,
                                                   uint32_t flags) {
   ARCPOOL_REQUIRE_ARG(pointer);
-  return traced(nvtx::op::record_use, 0, stream, [=] {
-    allocation* a = arcpool::detail::by_pointer_allocations().find(pointer);
-    if (a == nullptr) {
-      return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
-                  "record_stream of %p: no live by-pointer allocation contains it", pointer);
-    }
-    const arcpool_status_t status = a->owner.record_use(*a, stream, flags);
-    a->release();
-    return status;
-  });
+  return traced(
+      nvtx::op::record_use, 0, stream,
+      [](void* p, arcpool_stream_t s, uint32_t f) {
+        allocation* a = arcpool::detail::by_pointer_allocations().find(p);
+        if (a == nullptr) {
+          return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
+                      "record_stream of %p: no live by-pointer allocation contains it", p);
+        }
+        const arcpool_status_t status = a->owner.record_use(*a, s, f);
+        a->release();
+        return status;
+      },
+      pointer, stream, flags);
 }
 
 arcpool_status_t arcpool_allocator_malloc_async(arcpool_allocator_t* allocator, size_t size,
@@ -454,16 +487,18 @@ arcpool_status_t arcpool_allocator_malloc_async(arcpool_allocator_t* allocator, 
                                                 void** out_pointer) {
   ARCPOOL_REQUIRE_ARG(allocator);
   ARCPOOL_REQUIRE_ARG(out_pointer);
-  return traced(nvtx::op::allocate, size, stream, [=] {
-    return from_handle(allocator)->malloc_by_pointer(size, alignment, stream, out_pointer);
-  });
+  return traced(
+      nvtx::op::allocate, size, stream,
+      [](arcpool::detail::allocator* a, size_t n, size_t align, arcpool_stream_t s, void** out) {
+        return a->malloc_by_pointer(n, align, s, out);
+      },
+      from_handle(allocator), size, alignment, stream, out_pointer);
 }
 
 arcpool_status_t arcpool_allocator_free_async(arcpool_allocator_t* allocator, void* pointer,
                                               arcpool_stream_t stream) {
   ARCPOOL_REQUIRE_ARG(allocator);
-  return traced(nvtx::op::deallocate, 0, stream,
-                [=] { return allocator::free_by_pointer(pointer, stream, -1); });
+  return traced(nvtx::op::deallocate, 0, stream, free_by_pointer, pointer, stream, -1);
 }
 
 arcpool_status_t arcpool_allocator_set_hard_limit(arcpool_allocator_t* allocator, size_t bytes) {
@@ -495,14 +530,18 @@ arcpool_status_t arcpool_ambient_malloc(arcpool_allocator_t* allocator, size_t s
                                         void** out_pointer) {
   ARCPOOL_REQUIRE_ARG(allocator);
   ARCPOOL_REQUIRE_ARG(out_pointer);
-  return traced(nvtx::op::allocate, size, nullptr,
-                [=] { return from_handle(allocator)->ambient_malloc(size, out_pointer); });
+  return traced(
+      nvtx::op::allocate, size, nullptr,
+      [](arcpool::detail::allocator* a, size_t n, void** out) { return a->ambient_malloc(n, out); },
+      from_handle(allocator), size, out_pointer);
 }
 
 arcpool_status_t arcpool_ambient_free(arcpool_allocator_t* allocator, void* pointer) {
   ARCPOOL_REQUIRE_ARG(allocator);
-  return traced(nvtx::op::deallocate, 0, nullptr,
-                [=] { return from_handle(allocator)->ambient_free(pointer); });
+  return traced(
+      nvtx::op::deallocate, 0, nullptr,
+      [](arcpool::detail::allocator* a, void* p) { return a->ambient_free(p); },
+      from_handle(allocator), pointer);
 }
 
 // --- Graph pools -----------------------------------------------------------------------------

@@ -128,12 +128,12 @@ inline void allocator::count_allocation(const stream_ref& origin, void* base, vo
   nvtx::name_region(data, size, serial);
 }
 
-bool allocator::allocate_cached(block_cache& cache, size_t size, size_t alignment,
-                                const stream_ref& origin, allocation** out) {
-  thread_state& ts = this_thread_state();  // the thread's one TLS lookup here
+template <bool Plain>
+allocation* allocator::allocate_cached(thread_state& ts, block_cache& cache, size_t size,
+                                       size_t alignment, const stream_ref& origin) {
   // The record's storage before the block, so that a hit, once counted, cannot fail.
   void* storage = ts.records.allocate();
-  if (storage == nullptr) return false;
+  if (storage == nullptr) return nullptr;
   // The stream's own row counts the hit under the cache's lock, with no locked instruction.
   stream_stats& row = stream_stats_of(origin);
   bool row_counted = false;
@@ -142,13 +142,22 @@ bool allocator::allocate_cached(block_cache& cache, size_t size, size_t alignmen
   });
   if (block == nullptr) {
     ts.records.free(storage);
-    return false;
+    return nullptr;
   }
   // Only created, registered and legacy default streams have caches: never a per-thread
   // default stream, whose allocations take a fence (allocate_uncached).
   if (notes_cache_moves_) driver_->note_acquire(block, size, origin.handle);
   allocation* a =
       ::new (storage) allocation(*this, origin, size, alignment, block, next_serial(ts));
+  if (Plain) {
+    // The fast path's thread owns its shard (fast_path_open), and nothing observes it but the
+    // statistics.
+    const shard_slot slot{ts.slot.index, true};
+    records_.add(slot, 1);
+    if (!row_counted) row.allocated(size, /*cache_hit=*/true);
+    stats_.owned_cache_hit(slot.index, static_cast<int64_t>(size));
+    return a;
+  }
   const shard_slot slot = thread_shard(ts);
   records_.add(slot, 1);
   auto count_hit = [&](auto st) {
@@ -161,18 +170,40 @@ bool allocator::allocate_cached(block_cache& cache, size_t size, size_t alignmen
   } else {
     count_hit(stats_.at(slot));
   }
-  *out = a;
-  return true;
+  return a;
 }
 
 arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
                                      allocation** out) {
-  // The fast path is the cache hit: a block of exactly this size freed earlier on this stream.
+  // The fast path: a cache hit, a block of exactly this size freed earlier on this stream.
   // Stream order makes it safe with no event: every wait it needed was enqueued before it was
-  // cached. It takes no lock but the stream cache's spinlock, allocates nothing from the heap
-  // (the record comes from the thread's free list) and makes one runtime call, the capture
-  // check (a capturing stream takes allocate_in_capture instead). Its budget is
-  // tools/instruction-budget's "pair" row, with the same-stream free and the release.
+  // cached. It serves a created or registered stream this thread looked up before (one line of
+  // its stream cache), with no flags, the pool's alignment or less, and nothing observing
+  // (fast_path_open). It takes no lock but the stream cache's spinlock, allocates nothing from
+  // the heap (the record comes from the thread's free list) and makes one runtime call, the
+  // capture check. Budget, with the same-stream free and the release: tools/instruction-budget's
+  // "pair" row.
+  thread_state& ts = this_thread_state();
+  const stream_cache_line& line = ts.stream_line(s);
+  if ((flags | (alignment & (alignment - 1))) == 0 && alignment <= kPoolAlignment &&
+      line.handle == s && line.stamp == streams_.stamp() && line.entry != nullptr &&
+      fast_path_open(ts)) {
+    const stream_ref origin{s, line.id, stream_kind::application, line.entry, 0};
+    bool capturing = false;
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
+    if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
+    if (capturing) return allocate_in_capture(size, alignment, 0, origin, out);
+    if (allocation* a = allocate_cached<true>(ts, origin.entry->cache(), size, alignment, origin)) {
+      *out = a;
+      return ARCPOOL_STATUS_SUCCESS;
+    }
+    return allocate_uncached(size, alignment, flags, origin, out);
+  }
+  return allocate_general(size, alignment, s, flags, out);
+}
+
+arcpool_status_t allocator::allocate_general(size_t size, size_t alignment, stream_handle s,
+                                             uint32_t flags, allocation** out) {
   if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
   if (!is_power_of_two(alignment) || alignment > ARCPOOL_MAX_ALIGNMENT) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "alignment %zu is not a power of two up to %zu",
@@ -189,7 +220,11 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   // A cache holds only blocks of cacheable sizes (free_block), so the hit checks no size.
   if (flags == 0 && alignment <= ARCPOOL_DEFAULT_ALIGNMENT) {
     if (block_cache* cache = cache_for(origin)) {
-      if (allocate_cached(*cache, size, alignment, origin, out)) return ARCPOOL_STATUS_SUCCESS;
+      if (allocation* a =
+              allocate_cached<false>(this_thread_state(), *cache, size, alignment, origin)) {
+        *out = a;
+        return ARCPOOL_STATUS_SUCCESS;
+      }
     }
   }
   return allocate_uncached(size, alignment, flags, origin, out);
@@ -206,7 +241,8 @@ arcpool_status_t allocator::allocate_uncached(size_t size, size_t alignment, uin
   }
   p.size = size;
   p.alignment = alignment;
-  p.cacheable = cacheable(size, alignment);
+  p.cacheable =
+      cacheable(size, alignment) && !(flags & ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME);
   ARCPOOL_RETURN_IF_ERROR(take_from_pool(p, s));
   // Another thread may deallocate or transfer it, and cannot fence this thread's per-thread
   // default stream: fence it now, after the allocation (§6).

@@ -23,11 +23,7 @@ std::string allocation::describe() const {
   return text;
 }
 
-void release_handle(arcpool_allocation* handle) noexcept {
-  if (!handle->is_view) {
-    handle->record->release();
-    return;
-  }
+void release_view(arcpool_allocation* handle) noexcept {
   if (handle->view_refs.decrement()) {
     allocation* record = handle->record;
     delete handle;

@@ -52,7 +52,9 @@ class allocation final : public arcpool_allocation {
     uint64_t serial = 0;
     stream_ref origin;
     uint32_t placement_flags = 0;
-    /// Its block may go into a stream's cache when freed (allocator::cacheable, decided once).
+    /// Its block may go into a stream's cache when freed (allocator::cacheable, decided once):
+    /// never for imports, graph memory and an indeterminate lifetime, so that it also tells the
+    /// deallocation's fast path that none of those is at hand.
     bool cacheable = false;
     size_t size = 0;
     size_t alignment = 0;
@@ -102,12 +104,6 @@ class allocation final : public arcpool_allocation {
   static void operator delete(void* p, const std::nothrow_t&) noexcept {
     this_thread_state().records.free(p);
   }
-  /// `delete a`, into the list in `ts` (the calling thread's state).
-  static void destroy(allocation* a, thread_state& ts) noexcept {
-    a->~allocation();
-    ts.records.free(a);
-  }
-
   allocator& owner;  ///< holds one reference to the allocator while the record exists
   const params placement;
 
@@ -125,6 +121,18 @@ class allocation final : public arcpool_allocation {
   /// what its deallocations and transfers wait on (design.md §6).
   fence_ref current_fence;
 
+  /// DEALLOCATED or EXPORTED: the owners are gone and the memory was handed on.
+  bool ended() const noexcept {
+    const auto st = owners.load().st;
+    return st == ARCPOOL_ALLOCATION_DEALLOCATED || st == ARCPOOL_ALLOCATION_EXPORTED;
+  }
+  /// The memory's end is settled and the record holds nothing its destructor would release:
+  /// a determinate lifetime, no use-record storage, no fences. (What the fast path's
+  /// allocations leave.)
+  bool holds_nothing() const noexcept {
+    return !indeterminate() && uses.capacity() == 0 && held_fences.empty_and_inline() &&
+           !current_fence;
+  }
   bool indeterminate() const noexcept {
     return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;
   }
@@ -156,8 +164,17 @@ static_assert(sizeof(allocation) <= block_list::kBlockBytes &&
                   alignof(allocation) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
               "an allocation record fits the blocks of the threads' record lists");
 
-/// Releases one reference through a handle: a view's own count, else the record's.
-void release_handle(arcpool_allocation* handle) noexcept;
+/// Releases one reference of view `handle` (its own count; its last releases the record's).
+void release_view(arcpool_allocation* handle) noexcept;
+
+/// Releases one reference through a handle: a view's own count, else the record's (one call).
+inline void release_handle(arcpool_allocation* handle) noexcept {
+  if (!handle->is_view) {
+    handle->record->release();
+  } else {
+    release_view(handle);
+  }
+}
 
 /// Adds one reference through a handle.
 void retain_handle(arcpool_allocation* handle) noexcept;

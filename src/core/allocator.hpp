@@ -16,10 +16,12 @@
 #include "drivers/driver.hpp"
 #include "observe/allocation_log.hpp"
 #include "observe/history.hpp"
+#include "observe/nvtx.hpp"
 #include "observe/stats.hpp"
 #include "support/refcount.hpp"
 #include "support/shards.hpp"
 #include "support/status.hpp"
+#include "support/thread_state.hpp"
 
 namespace arcpool::detail {
 
@@ -74,14 +76,16 @@ class allocator {
   arcpool_status_t synchronize_stream(stream_handle s);
 
   // --- Allocations (design.md §3–§5) -----------------------------------------------------
-  /// Allocates; `*out` holds one claim and one reference.
+  /// Allocates; `*out` holds one claim and one reference. The fast path (allocate.cpp) serves a
+  /// cache hit on a stream this thread looked up before; allocate_general everything else.
   arcpool_status_t allocate(size_t size, size_t alignment, stream_handle s, uint32_t flags,
                             allocation** out);
   /// Wraps foreign memory as an EXTERNAL allocation. A CONSUME import that fails calls
   /// `on_free` before returning.
   arcpool_status_t import(void* pointer, size_t size, stream_handle s, uint32_t flags,
                           arcpool_on_free_t on_free, void* user_data, allocation** out);
-  /// The stream-ordered deallocation of design.md §4.
+  /// The stream-ordered deallocation of design.md §4. The fast path (deallocate.cpp) serves a
+  /// same-stream free into the stream's cache; deallocate_general everything else.
   arcpool_status_t deallocate(allocation& a, stream_handle s, uint32_t flags);
   /// Deallocates on the allocation's current stream (what a dropped last claim does).
   arcpool_status_t deallocate_on_current(allocation& a);
@@ -95,8 +99,24 @@ class allocator {
   /// `flags`: arcpool_record_use_flags_t.
   arcpool_status_t record_use(allocation& a, stream_handle s, uint32_t flags);
   arcpool_status_t export_memory(allocation& a, void** out);
-  /// R reached 0: frees the record, and the memory where design.md §3 says so.
-  void on_last_reference(allocation* a) noexcept;
+  /// R reached 0: frees the record, and the memory where design.md §3 says so. Inline: the
+  /// common case (deallocated memory of a determinate lifetime, whose record holds nothing to
+  /// release, on a thread with room in its record list and its own statistics shard, the
+  /// allocator not closing) only puts the record's block on the thread's list, with no call.
+  void on_last_reference(allocation* a) noexcept {
+    // No other thread reaches a record whose last reference went (the reference count's
+    // acquire made the other holders' writes visible): no lock.
+    thread_state& ts = this_thread_state();
+    if (a->ended() && a->holds_nothing() && ts.slot.exclusive && ts.records.room != 0 &&
+        !closing_.load(std::memory_order_seq_cst)) {
+      // No destructor call: holds_nothing() shows it would release nothing, and nothing
+      // depends on its side effects ([basic.life]/5).
+      ts.records.push(a);
+      records_.add_release(shard_slot{ts.slot.index, true}, -1);
+      return;
+    }
+    free_at_last_reference(a);
+  }
 
   // --- Graph pools (capture.cpp, docs/graphs.md) -----------------------------------------
   arcpool_status_t create_graph_pool(graph_pool** out);
@@ -152,6 +172,25 @@ class allocator {
 
   /// Which strategy a deallocation uses (design.md §4).
   enum class route { same_stream, wait_and_free, prefer_origin, deferred };
+
+  /// Whether the fast path may serve an operation of the thread whose state is `ts`: nothing
+  /// observes it that the fast path leaves out (the CSV log, the history, an NVTX tool), the
+  /// caches are on, and the thread owns its statistics shard. A few loads and tests; every
+  /// other case takes the general path.
+  bool fast_path_open(const thread_state& ts) const noexcept {
+    return plain_ && ts.slot.exclusive && !log_.enabled() && !nvtx::maybe_enabled();
+  }
+  /// allocate without the fast path: every flag, alignment, stream and observer.
+  arcpool_status_t allocate_general(size_t size, size_t alignment, stream_handle s, uint32_t flags,
+                                    allocation** out);
+  /// deallocate without the fast path: every flag, route, stream and ownership state.
+  arcpool_status_t deallocate_general(allocation& a, stream_handle s, uint32_t flags);
+  /// deallocate's fast path after its checks (`a.mutex` held; `a` cacheable, used only on its
+  /// origin stream `e`, which is alive and not capturing): accepts the deallocation of a sole
+  /// owner and keeps the block in `e`'s cache, both under the cache's lock. False, with nothing
+  /// changed, when the owner is not the sole one or the cache refuses the block.
+  [[gnu::always_inline]] inline bool free_into_cache(allocation& a, stream_entry& e,
+                                                     thread_state& ts);
 
   /// What arcpool knows of `s`; refuses a capturing stream. A stream this thread resolved
   /// before costs one line of its stream cache; others take the slow path (the capture check,
@@ -259,17 +298,9 @@ class allocator {
                                    const fence_list& fences, stat::counter route_counter);
   /// The end of commit_and_free, after the commit: the block goes to `target_cache` or back to
   /// the pool on `target` (the before-free hook first); counts it, and `route_counter` once it
-  /// succeeded, through `st`. `row_to_free`, given only with a `target_cache` and a cacheable
-  /// block, is the origin's statistics row whose free the commit left out: counted under the
-  /// cache's lock when that lock guards it, after it otherwise.
-  template <class Local>
+  /// succeeded, through `st`.
   arcpool_status_t free_block(allocation& a, stream_handle target, block_cache* target_cache,
-                              stat::counter route_counter, Local& st,
-                              stream_stats* row_to_free = nullptr);
-  /// deallocate's fast path (is_same_stream_free, not capturing, no flags): commit_and_free on
-  /// the caller's stream without fences or use records, every call inlined, so that the
-  /// constant arguments prune it.
-  [[gnu::flatten]] arcpool_status_t free_same_stream(allocation& a, const stream_ref& caller);
+                              stat::counter route_counter, stats::local& st);
   /// The fast path's cache of `s`: streams arcpool can prove alive and the legacy default
   /// stream; null when the cache is off or `s` has none.
   block_cache* cache_for(const stream_ref& s) noexcept {
@@ -277,7 +308,8 @@ class allocator {
     if (s.entry != nullptr) return &s.entry->cache();
     return s.kind == stream_kind::legacy_default ? &legacy_cache_ : nullptr;
   }
-  /// Whether a block of this allocation may be cached.
+  /// Whether a block of an allocation of arcpool's own memory, of a determinate lifetime, may be
+  /// cached (an indeterminate lifetime's block goes back through the reclaim worker).
   bool cacheable(size_t size, size_t alignment) const noexcept {
     return config_.stream_cache_bytes != 0 && size != 0 && size <= config_.stream_cache_max_block &&
            alignment <= ARCPOOL_DEFAULT_ALIGNMENT;
@@ -295,23 +327,9 @@ class allocator {
   void synchronize_known_streams();
   /// Accepts the deallocation (ownership transition, stats, the log's free row on `stream`).
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream);
-  /// commit with the calling thread's stats shard, looked up by the caller (stats::local, or
-  /// stats::owned_local in deallocate.cpp). `row_freed_by_caller`: the caller counts the free
-  /// on the origin's statistics row itself (free_block's `row_to_free`).
-  template <class Local>
-  arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream, Local& st,
-                          bool row_freed_by_caller = false);
-  /// Whether finish_deallocation would take the same-stream route for a deallocation without
-  /// flags by `caller`: arcpool's own memory of a determinate lifetime, no use records, and
-  /// the caller is its origin and current stream, alive and nameable from this thread.
-  static bool is_same_stream_free(const allocation& a, const stream_ref& caller) noexcept {
-    constexpr uint32_t kOtherPaths = ARCPOOL_PLACEMENT_FLAG_EXTERNAL |
-                                     ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME |
-                                     ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL;
-    return (a.placement.placement_flags & kOtherPaths) == 0 && a.placement.size != 0 &&
-           a.uses.empty() && caller.id == a.placement.origin.id && a.current.id == caller.id &&
-           !caller.retired() && !a.current.retired() && caller.reachable();
-  }
+  /// commit with the calling thread's stats shard, looked up by the caller.
+  arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream,
+                          stats::local& st);
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
   arcpool_status_t try_pool_allocate(size_t bytes, const stream_ref& s, void** out);
@@ -321,13 +339,17 @@ class allocator {
   /// `p` aligned up to `alignment` (a power of two).
   static void* align_up(void* p, size_t alignment);
   /// allocate's cache hit: a block of exactly `size` bytes from `cache` (`origin`'s) and its
-  /// record, built in place. False, with nothing changed, when the cache has no such block (or
-  /// no record could be had).
-  bool allocate_cached(block_cache& cache, size_t size, size_t alignment, const stream_ref& origin,
-                       allocation** out);
+  /// record, built in place, for the thread whose state is `ts`. Null, with nothing changed,
+  /// when the cache has no such block (or no record could be had). `Plain`: the fast path's,
+  /// after fast_path_open (no observer to tell, the thread's own statistics shard).
+  template <bool Plain>
+  [[gnu::always_inline]] inline allocation* allocate_cached(thread_state& ts, block_cache& cache,
+                                                            size_t size, size_t alignment,
+                                                            const stream_ref& origin);
   /// Counts a new allocation of `size` bytes at `data` (block `base`, serial `serial`) on
   /// `origin`: its statistics through `st` and its stream's row (unless `row_counted`), and its
-  /// entries in the log, the history and the NVTX tools. What both kinds of allocation do last.
+  /// entries in the log, the history and the NVTX tools. What both kinds of allocation do last,
+  /// but for the fast path's hit (allocate_cached<true>).
   template <class Local>
   [[gnu::always_inline]] void count_allocation(const stream_ref& origin, void* base, void* data,
                                                size_t size, uint64_t serial, Local& st,
@@ -348,9 +370,9 @@ class allocator {
   arcpool_status_t describe_ownership_failure(const allocation& a, ownership_result r,
                                               const char* what);
 
-  /// on_last_reference of a `leaked` owner (live or unowned), or of indeterminate memory: frees
-  /// it (out of line: the fast path's records are deallocated and determinate).
-  [[gnu::noinline]] void free_at_last_reference(allocation* a, bool leaked) noexcept;
+  /// on_last_reference but for its common case: frees the memory of a leaked owner (live or
+  /// unowned) or of an indeterminate lifetime, then destroys the record (out of line).
+  [[gnu::noinline]] void free_at_last_reference(allocation* a) noexcept;
 
   /// The stream a stream-less call uses, and whether it must synchronize (under ambient_mutex_).
   arcpool_status_t ambient_stream(stream_handle* out, bool* synchronize);
@@ -362,6 +384,11 @@ class allocator {
   std::atomic<size_t> hard_limit_;  ///< bytes; 0: none (set_hard_limit changes it)
   const std::unique_ptr<driver> driver_;
   const bool notes_cache_moves_ = driver_->notes_cache_moves();  ///< driver::note_* to be called
+  /// Nothing fixed at creation keeps the fast path closed (fast_path_open): the caches are on,
+  /// and there is no history. (The before-free hook and the checker's cache notes are called
+  /// on the fast path too, so that the suites, which set the hook, and the deterministic
+  /// driver check it.)
+  const bool plain_ = config_.stream_cache_bytes != 0 && config_.history_entries == 0;
   stats stats_;
   stream_stats_table stream_stats_;  ///< before streams_: the entries point into it
   event_pool events_;

@@ -28,17 +28,20 @@ class block_cache {
     return p;
   }
 
-  /// Keeps `p` (of `bytes`) unless the cache is closed, would hold more than `limit` bytes, or
-  /// has no bin left for a new size. Runs `under_lock(guard())` under the cache's lock either
-  /// way. The caller has enqueued every wait the block needs on the cache's stream.
+  /// Keeps `p` (of `bytes`) if the cache is open, would hold at most `limit` bytes with it and
+  /// has a bin for its size, and `commit(guard())`, run under the cache's lock once all of that
+  /// holds, returns true; otherwise keeps nothing. The caller has enqueued every wait the block
+  /// needs on the cache's stream. Cost: a spinlock and a probe of a few bins.
   template <class F>
-  bool put(void* p, size_t bytes, size_t limit, F&& under_lock) {
+  bool put_if(void* p, size_t bytes, size_t limit, F&& commit) {
     std::lock_guard<spinlock> lock(lock_);
-    under_lock(static_cast<const spinlock&>(lock_));
     if (closed_ || bytes_ + bytes > limit) return false;
     bin* b = find(bytes);
     if (b == nullptr) b = claim(bytes);
     if (b == nullptr) return false;
+    // Room first: a growth that throws leaves nothing committed.
+    if (b->blocks.size() == b->blocks.capacity()) b->blocks.reserve(2 * b->blocks.size() + 4);
+    if (!commit(static_cast<const spinlock&>(lock_))) return false;
     b->blocks.push_back(p);
     bytes_ += bytes;
     return true;

@@ -117,9 +117,8 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
   return commit(a, force, implicit, stream, st);
 }
 
-template <class Local>
 arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, stream_handle stream,
-                                   Local& st, bool row_freed_by_caller) {
+                                   stats::local& st) {
   if (implicit) {
     if (!a.owners.accept_implicit_free()) {
       return ownership_failure(a, ownership_result::already_deallocated, "implicit free");
@@ -139,15 +138,11 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
   } else if (!a.external()) {
     st.sub(stat::bytes_in_use, static_cast<int64_t>(a.placement.size));
     st.sub(stat::allocations_in_use, 1);
-    if (!row_freed_by_caller) stream_stats_of(a.placement.origin).freed(a.placement.size);
+    stream_stats_of(a.placement.origin).freed(a.placement.size);
     if (history_.enabled()) history_.free_requested(a.placement.base, stream);
   }
   return ARCPOOL_STATUS_SUCCESS;
 }
-
-// capture.cpp commits through the general shard too.
-template arcpool_status_t allocator::commit(allocation&, bool, bool, stream_handle, stats::local&,
-                                            bool);
 
 arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,
                                             bool implicit, stream_handle target,
@@ -162,10 +157,9 @@ arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& cal
   return free_block(a, target, target_cache, route_counter, st);
 }
 
-template <class Local>
 arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
                                        block_cache* target_cache, stat::counter route_counter,
-                                       Local& st, stream_stats* row_to_free) {
+                                       stats::local& st) {
   if (config_.before_free != nullptr) {
     config_.before_free(a.placement.base, a.placement.held_bytes, target,
                         config_.before_free_user_data);
@@ -176,15 +170,8 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
   const bool recording = history_.enabled();
   if (target_cache != nullptr && a.placement.cacheable) {
     if (recording) history_.free_completed(a.placement.base, target);
-    bool row_counted = false;
-    const bool kept =
-        target_cache->put(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes,
-                          [&](const spinlock& held) {
-                            row_counted = row_to_free != nullptr &&
-                                          row_to_free->freed_if_guarded_by(held, a.placement.size);
-                          });
-    if (row_to_free != nullptr && !row_counted) row_to_free->freed(a.placement.size);
-    if (kept) {
+    if (target_cache->put_if(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes,
+                             [](const spinlock&) { return true; })) {
       st.count(route_counter == stat::same_stream_frees ? stat::cached_same_stream_frees
                                                         : stat::cached_cross_stream_frees);
       st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
@@ -203,24 +190,6 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
     st.count(route_counter);
   }
   return status;
-}
-
-arcpool_status_t allocator::free_same_stream(allocation& a, const stream_ref& caller) {
-  // No fences and no use records (is_same_stream_free): the commit, then the block. The
-  // origin's own statistics row counts the free under its cache's lock, which the free into
-  // the cache holds anyway (only a cacheable block, never graph memory or an import, is put).
-  block_cache* const cache = cache_for(caller);
-  auto commit_then_free = [&](auto st) {
-    stream_stats* const row =
-        cache != nullptr && a.placement.cacheable ? &stream_stats_of(a.placement.origin) : nullptr;
-    ARCPOOL_RETURN_IF_ERROR(commit(a, /*force=*/false, /*implicit=*/false, caller.handle, st,
-                                   /*row_freed_by_caller=*/row != nullptr));
-    return free_block(a, caller.handle, cache, stat::same_stream_frees, st, row);
-  };
-  const shard_slot slot = thread_shard();
-  // The common case: the thread owns its shard, and no update tests it.
-  return slot.exclusive ? commit_then_free(stats_.owned_at(slot))
-                        : commit_then_free(stats_.at(slot));
 }
 
 arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref& caller,
@@ -335,7 +304,57 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+bool allocator::free_into_cache(allocation& a, stream_entry& e, thread_state& ts) {
+  // The commit (the ownership transition) and the put happen together under the cache's lock,
+  // so that a refused put changes nothing. The origin's own row counts the free there too, and
+  // the before-free hook runs there once the free is accepted.
+  stream_stats& row = e.stats();
+  const size_t size = a.placement.size;
+  bool row_counted = false;
+  const bool kept =
+      e.cache().put_if(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes,
+                       [&](const spinlock& held) {
+                         if (!a.owners.end_sole_ownership()) return false;
+                         row_counted = row.freed_if_guarded_by(held, size);
+                         if (config_.before_free != nullptr) {
+                           config_.before_free(a.placement.base, a.placement.held_bytes, e.handle(),
+                                               config_.before_free_user_data);
+                         }
+                         return true;
+                       });
+  if (!kept) return false;
+  if (!row_counted) row.freed(size);
+  if (notes_cache_moves_)
+    driver_->note_release(a.placement.base, a.placement.held_bytes, e.handle());
+  // A cacheable block is held whole: its held bytes are its size (no alignment padding).
+  stats_.owned_cache_free(ts.slot.index, static_cast<int64_t>(size));
+  return true;
+}
+
 arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t flags) {
+  // The fast path: arcpool's own cacheable memory (decided at allocation: no import, no graph
+  // memory, a determinate lifetime), used on its origin stream alone, freed there by its sole
+  // owner, into that stream's cache. The origin, created or registered and alive, is known
+  // without a lookup: while arcpool proves it alive its handle names no other stream
+  // (design.md §6). One runtime call, the capture check (a capturing caller takes
+  // deallocate_in_capture on the general path).
+  if (flags == 0 && a.placement.cacheable) {
+    thread_state& ts = this_thread_state();
+    if (fast_path_open(ts)) {
+      std::lock_guard<spinlock> lock(a.mutex);
+      stream_entry* const e = a.current.entry;
+      if (s == a.current.handle && e != nullptr && e == a.placement.origin.entry &&
+          a.uses.empty() && e->alive()) {
+        bool capturing = false;
+        ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
+        if (!capturing && free_into_cache(a, *e, ts)) return ARCPOOL_STATUS_SUCCESS;
+      }
+    }
+  }
+  return deallocate_general(a, s, flags);
+}
+
+arcpool_status_t allocator::deallocate_general(allocation& a, stream_handle s, uint32_t flags) {
   if (flags != 0) {
     if ((flags & ~kDeallocateFlags) != 0) {
       return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown deallocation flags 0x%x", flags);
@@ -357,16 +376,6 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
     ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &caller));
     lock.lock();
   }
-  // The fast path's free: arcpool's own memory, used on its origin stream alone and freed
-  // there (the same-stream route of finish_deallocation, without its other cases). Its commit
-  // is its ownership check. A capturing caller takes finish_deallocation's capture path.
-  if (flags == 0 && is_same_stream_free(a, caller)) {
-    bool capturing = false;
-    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(caller.handle, &capturing));
-    if (!capturing) {
-      return free_same_stream(a, caller);
-    }
-  }
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(
       a, a.owners.can_deallocate(flags & ARCPOOL_DEALLOCATE_FLAG_FORCE), "deallocate"));
   return finish_deallocation(a, caller, flags, /*implicit=*/false, lock);
@@ -379,22 +388,9 @@ arcpool_status_t allocator::deallocate_on_current(allocation& a) {
   return finish_deallocation(a, caller, 0, /*implicit=*/false, lock);
 }
 
-void allocator::on_last_reference(allocation* a) noexcept {
-  // The common case takes no lock: deallocated (or exported) memory of a determinate lifetime
-  // leaves nothing to free, and no other thread reaches a record whose last reference went
-  // (the reference count's acquire made the other holders' writes visible).
+void allocator::free_at_last_reference(allocation* a) noexcept {
   const auto state = a->owners.load().st;
   const bool leaked = state == ARCPOOL_ALLOCATION_LIVE || state == ARCPOOL_ALLOCATION_UNOWNED;
-  if (!leaked && !a->indeterminate()) {
-    thread_state& ts = this_thread_state();
-    allocation::destroy(a, ts);
-    record_destroyed(thread_shard(ts));
-    return;
-  }
-  free_at_last_reference(a, leaked);
-}
-
-void allocator::free_at_last_reference(allocation* a, bool leaked) noexcept {
   {
     std::unique_lock<spinlock> lock(a->mutex);
     if (leaked) {

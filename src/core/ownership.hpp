@@ -47,6 +47,15 @@ class ownership {
   /// → DEALLOCATED with P = 0. Else not_owner / already_deallocated.
   ownership_result accept_deallocation(bool force) noexcept;
 
+  /// The deallocation's fast path: LIVE with P == 1 → DEALLOCATED with P = 0, in one
+  /// compare-and-swap (acq_rel, as accept_deallocation). False, with nothing changed, in any
+  /// other state (accept_deallocation tells which).
+  bool end_sole_ownership() noexcept {
+    uint64_t sole = pack(ARCPOOL_ALLOCATION_LIVE, 1);
+    return word_.compare_exchange_strong(sole, pack(ARCPOOL_ALLOCATION_DEALLOCATED, 0),
+                                         std::memory_order_acq_rel, std::memory_order_relaxed);
+  }
+
   /// Accepts an export: as a non-forced deallocation, but → EXPORTED.
   ownership_result accept_export() noexcept;
 

@@ -110,26 +110,9 @@ struct stream_ref {
   }
 };
 
-/// One of the calling thread's last stream lookups (allocator::resolve_stream). A line is
-/// valid while its registry's stamp is unchanged. Handles are cached only for streams that
-/// cannot be recycled meanwhile: created and registered ones (alive until their removal, which
-/// changes the stamp) and the default streams; unregistered application streams are looked
-/// up by identity each time.
-struct stream_cache_line {
-  uint64_t stamp;  ///< stream_registry::stamp() when the line was filled
-  stream_handle handle;
-  uint64_t id;
-  stream_entry* entry;
-  stream_kind kind;
-};
-/// Lines per thread, direct-mapped on the handle: a lookup reads one line.
-inline constexpr size_t kStreamCacheLines = 16;
-inline thread_local stream_cache_line t_stream_cache[kStreamCacheLines] = {};
-
-/// The calling thread's line for `s`.
+/// The calling thread's line for `s` (its stream lookups are part of its thread_state).
 inline stream_cache_line& stream_cache_line_of(stream_handle s) noexcept {
-  const auto v = reinterpret_cast<uintptr_t>(s);
-  return t_stream_cache[((v >> 4) ^ (v >> 12)) % kStreamCacheLines];
+  return this_thread_state().stream_line(s);
 }
 
 /// The created and registered streams of one allocator, by identity. An entry removed from the

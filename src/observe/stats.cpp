@@ -18,7 +18,42 @@ int64_t stats::current(stat::gauge g) const noexcept {
   int64_t total = totals_[g].value.load(std::memory_order_relaxed);
   for (const shard& s : shards_)
     total += s.value[stat::kCounters + g].load(std::memory_order_relaxed);
-  return total;
+  return total + moved(g);
+}
+
+int64_t stats::moved(stat::gauge g) const noexcept {
+  int64_t total = 0;
+  switch (g) {
+    case stat::bytes_in_use:
+      for (const shard& s : shards_)
+        total += s.moved_bytes.load(std::memory_order_relaxed);
+      return total;
+    case stat::bytes_cached:
+      for (const shard& s : shards_)
+        total -= s.moved_bytes.load(std::memory_order_relaxed);
+      return total;
+    case stat::allocations_in_use:
+      for (const shard& s : shards_)
+        total += s.moved_allocations.load(std::memory_order_relaxed);
+      return total;
+    default:
+      return 0;
+  }
+}
+
+void stats::flush_in_use(shard& s) noexcept {
+  auto take = [&s](stat::gauge g) {
+    return s.value[stat::kCounters + g].exchange(0, std::memory_order_relaxed);
+  };
+  const int64_t moved_allocations = s.moved_allocations.exchange(0, std::memory_order_relaxed);
+  const int64_t moved_bytes = s.moved_bytes.exchange(0, std::memory_order_relaxed);
+  auto add = [this](stat::gauge g, int64_t n) {
+    gauge_total& total = totals_[g];
+    raise_peak(total, total.value.fetch_add(n, std::memory_order_relaxed) + n);
+  };
+  add(stat::allocations_in_use, take(stat::allocations_in_use) + moved_allocations);
+  add(stat::bytes_in_use, take(stat::bytes_in_use) + moved_bytes);
+  add(stat::bytes_cached, take(stat::bytes_cached) - moved_bytes);
 }
 
 int64_t stats::peak(stat::gauge g) const noexcept {
@@ -39,11 +74,13 @@ int64_t stats::sum(stat::counter c) const noexcept {
   switch (c) {
     case stat::allocations:
       return own + raw_sum(stat::cache_hits);
+    case stat::deallocations:
+      return own + raw_sum(stat::fast_frees);
     case stat::cache_frees:
       return own + raw_sum(stat::cached_same_stream_frees) +
-             raw_sum(stat::cached_cross_stream_frees);
+             raw_sum(stat::cached_cross_stream_frees) + raw_sum(stat::fast_frees);
     case stat::same_stream_frees:
-      return own + raw_sum(stat::cached_same_stream_frees);
+      return own + raw_sum(stat::cached_same_stream_frees) + raw_sum(stat::fast_frees);
     case stat::cross_stream_frees:
       return own + raw_sum(stat::cached_cross_stream_frees);
     default:

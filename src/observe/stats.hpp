@@ -27,6 +27,9 @@ enum counter : size_t {
   /// counts as a cache free and a same-stream (cross-stream) free; stats::sum adds them in.
   cached_same_stream_frees,
   cached_cross_stream_frees,
+  /// A deallocation by the fast path (allocator::free_into_cache): counts as a deallocation, a
+  /// cache free and a same-stream free.
+  fast_frees,
   kCounters
 };
 enum gauge : size_t {
@@ -38,18 +41,25 @@ enum gauge : size_t {
 /// The allocator's gauges and counters, one entry per entry of the lists in arcpool.h.
 ///
 /// A cache hit counts as `cache_hits` alone, and sum() adds the hits to `allocations`; a free
-/// into a stream's cache counts one of the internal counters above. A gauge has a high-water
-/// mark. Each shard accumulates its changes and flushes them to the
-/// gauge's total once they exceed the gauge's threshold either way, where the peak is raised.
-/// current() is exact; peak() may miss a rise shorter than the unflushed amounts (at most the
-/// threshold per thread). A flush of bytes_in_use flushes the shard's allocations_in_use too,
-/// so the two peaks are taken at the same moments. The thresholds are constants, so that the
-/// fast path compares against an immediate, except bytes_held's, which a hard limit sets to 0:
-/// a threshold of 0 makes every change exact (the graph gauges' too).
+/// into a stream's cache counts one of the internal counters above. The fast path's hits and
+/// frees move bytes between the caches and use in one pending pair per shard (owned_cache_hit,
+/// owned_cache_free), which current() and the flushes count for three gauges. A gauge has a
+/// high-water mark. Each shard accumulates its changes and flushes them to the gauge's total once
+/// they exceed the gauge's threshold either way, where the peak is raised. current() is exact;
+/// peak() may miss a rise shorter than the unflushed amounts (at most the threshold per thread). A
+/// flush of bytes_in_use flushes the shard's allocations_in_use too, so the two peaks are taken at
+/// the same moments. The thresholds are constants, so that the fast path compares against an
+/// immediate, except bytes_held's, which a hard limit sets to 0: a threshold of 0 makes every
+/// change exact (the graph gauges' too).
 class stats {
   /// One thread shard's words: the counters, then the gauges' unflushed changes.
   struct alignas(64) shard {
     std::atomic<int64_t> value[stat::kCounters + stat::kGauges] = {};
+    /// The fast path's unflushed moves: bytes taken from the caches into use (bytes_in_use
+    /// gains them, bytes_cached loses them; negative for frees into the caches), and the
+    /// allocations put in use with them (allocations_in_use).
+    std::atomic<int64_t> moved_bytes{0};
+    std::atomic<int64_t> moved_allocations{0};
   };
   /// A gauge's flushed total, its peak and (bytes_held only) its flush threshold, alone on a
   /// cache line.
@@ -106,12 +116,10 @@ class stats {
     /// The batch of gauge `g` is full: into its total. Out of line, off the fast path.
     [[gnu::noinline]] void flush_batch(stat::gauge g, gauge_total& total,
                                        std::atomic<int64_t>& pending) noexcept {
-      flush(total, pending);
-      // The count is flushed with the bytes, so that its peak is taken with theirs: a byte
-      // peak of 20 MiB never sits next to a count peak of 0 (allocate adds the count first).
-      if (g == stat::bytes_in_use) {
-        flush(owner_.totals_[stat::allocations_in_use],
-              shard_.value[stat::kCounters + stat::allocations_in_use]);
+      if (in_use_gauge(g)) {
+        owner_.flush_in_use(shard_);
+      } else {
+        flush(total, pending);
       }
     }
     basic_local(stats& owner, shard_slot slot) noexcept
@@ -132,6 +140,18 @@ class stats {
   local at(shard_slot slot) noexcept { return local(*this, slot); }
   /// The same, for a slot the thread owns (`slot.exclusive`, checked by the caller).
   owned_local owned_at(shard_slot slot) noexcept { return owned_local(*this, slot); }
+
+  /// The fast path's cache hit of `bytes`, through shard `index`, which the calling thread owns
+  /// (shard_slot::exclusive): counts the hit, and moves the bytes from bytes_cached into
+  /// bytes_in_use with one more allocation in use. Three plain updates and one test.
+  void owned_cache_hit(size_t index, int64_t bytes) noexcept {
+    owned_move(shards_[index], stat::cache_hits, bytes, 1);
+  }
+  /// The fast path's deallocation whose block (`bytes`) its origin stream's cache kept, through
+  /// shard `index` as owned_cache_hit: counts a fast free, and moves the bytes back.
+  void owned_cache_free(size_t index, int64_t bytes) noexcept {
+    owned_move(shards_[index], stat::fast_frees, -bytes, -1);
+  }
 
   /// One update through the calling thread's shard (for code off the fast path).
   void count(stat::counter c, int64_t n = 1) noexcept { here().count(c, n); }
@@ -160,6 +180,32 @@ class stats {
   void reset_peaks() noexcept;
 
  private:
+  /// The gauges the fast path's moves count for, flushed together (flush_in_use).
+  static constexpr bool in_use_gauge(stat::gauge g) noexcept {
+    return g == stat::bytes_in_use || g == stat::allocations_in_use || g == stat::bytes_cached;
+  }
+  /// owned_cache_hit and owned_cache_free: counter `c`, and `bytes` and `allocations` more moved
+  /// into use.
+  void owned_move(shard& s, stat::counter c, int64_t bytes, int64_t allocations) noexcept {
+    s.value[c].store(s.value[c].load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    const int64_t b = s.moved_bytes.load(std::memory_order_relaxed) + bytes;
+    s.moved_bytes.store(b, std::memory_order_relaxed);
+    const int64_t n = s.moved_allocations.load(std::memory_order_relaxed) + allocations;
+    s.moved_allocations.store(n, std::memory_order_relaxed);
+    // Either outside [-threshold, threshold]: one branch for both.
+    if ((static_cast<uint64_t>(b + kByteFlush) > static_cast<uint64_t>(2 * kByteFlush)) |
+        (static_cast<uint64_t>(n + kCountFlush) > static_cast<uint64_t>(2 * kCountFlush))) {
+      flush_in_use(s);
+    }
+  }
+  /// Shard `s`'s unflushed changes of the three in_use_gauge gauges, its moves among them, into
+  /// their totals together, the allocation count first (as allocate adds it), each peak raised:
+  /// a flush never leaves one of the words that change a gauge behind, so that a total is
+  /// exact at a flush with one thread (no peak from half of a move). Out of line.
+  [[gnu::noinline]] void flush_in_use(shard& s) noexcept;
+  /// The shards' unflushed moves that count for gauge `g` (0 for the others).
+  int64_t moved(stat::gauge g) const noexcept;
+
   /// Gauge `g`'s flush threshold: a constant (folded where `g` is), bytes_held's from `total`.
   static int64_t threshold_of(stat::gauge g, const gauge_total& total) noexcept {
     switch (g) {

@@ -53,6 +53,8 @@ class small_vector {
     }
   }
   size_t size() const noexcept { return size_; }
+  /// Empty, and no storage was ever made for elements past the first N.
+  bool empty_and_inline() const noexcept { return size_ == 0 && !overflow_; }
   bool empty() const noexcept { return size_ == 0; }
   T& operator[](size_t i) noexcept { return i < N ? inline_ptr()[i] : (*overflow_)[i - N]; }
   const T& operator[](size_t i) const noexcept {

@@ -11,6 +11,7 @@ void block_list::free_slow(void* p) noexcept {
     thread_local drain_at_exit drain;
     (void)drain;
     st = state::active;
+    room = kCapacity;
     free(p);
     return;
   }
