@@ -196,7 +196,11 @@ class allocator {
   /// before costs one line of its stream cache; others take the slow path (the capture check,
   /// the stream's id and the registry).
   arcpool_status_t resolve_stream(stream_handle s, stream_ref* out) {
-    const stream_cache_line& line = stream_cache_line_of(s);
+    return resolve_stream(this_thread_state(), s, out);
+  }
+  /// resolve_stream for the thread whose state `ts` is (the calling thread's).
+  arcpool_status_t resolve_stream(thread_state& ts, stream_handle s, stream_ref* out) {
+    const stream_cache_line& line = ts.stream_line(s);
     if (line.handle == s && line.stamp == streams_.stamp()) {
       *out = stream_ref{s, line.id, line.kind, line.entry};
       if (line.kind == stream_kind::per_thread_default) out->thread = this_thread_serial();

@@ -33,7 +33,7 @@ class block_cache {
   /// holds, returns true; otherwise keeps nothing. The caller has enqueued every wait the block
   /// needs on the cache's stream. Cost: a spinlock and a probe of a few bins.
   template <class F>
-  bool put_if(void* p, size_t bytes, size_t limit, F&& commit) {
+  [[gnu::always_inline]] bool put_if(void* p, size_t bytes, size_t limit, F&& commit) {
     std::lock_guard<spinlock> lock(lock_);
     if (closed_ || bytes_ + bytes > limit) return false;
     bin* b = find(bytes);

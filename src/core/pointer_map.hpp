@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 #include "core/allocation.hpp"
 #include "support/address_table.hpp"
@@ -23,7 +24,12 @@ class pointer_map {
 
   /// Adds `a` by its data range; the map keeps the caller's claim and reference. False, with
   /// nothing kept, when its shard's table could not grow (no host memory).
-  bool insert(allocation* a);
+  bool insert(allocation* a) {
+    const auto start = reinterpret_cast<uintptr_t>(a->placement.data);
+    shard& s = shards_[shard_of(start)];
+    std::lock_guard<spinlock> lock(s.mutex);
+    return s.by_start.insert(start, a->placement.size, a);
+  }
   /// The allocation whose data range contains `p`, with a new reference the caller releases;
   /// null if none.
   allocation* find(const void* p) const;
@@ -31,7 +37,13 @@ class pointer_map {
   /// and reference; null if none. Until the caller puts it back, no other thread finds it, and
   /// putting it back fails only if other allocations made its shard's table grow meanwhile and
   /// no host memory was left.
-  allocation* take(const void* p);
+  allocation* take(const void* p) {
+    return with_entry(*this, reinterpret_cast<uintptr_t>(p), [](shard& s, size_t i) {
+      allocation* a = s.by_start.value_at(i);
+      s.by_start.erase(i);
+      return a;
+    });
+  }
 
  private:
   /// One shard, alone on its cache lines. A spinlock, not a reader-writer lock: inserts and
@@ -55,14 +67,43 @@ class pointer_map {
   /// else a scan of every shard (out of line: frameworks free exact pointers). Returns `fn`'s
   /// result; null when no shard has one.
   template <class Map, class F>
-  static allocation* with_entry(Map& map, uintptr_t address, F&& fn);
+  static allocation* with_entry(Map& map, uintptr_t address, F&& fn) {
+    {
+      auto& s = map.shards_[shard_of(address)];
+      std::lock_guard<spinlock> lock(s.mutex);
+      if (const size_t i = s.by_start.find_start(address); i != address_table<allocation>::npos) {
+        return fn(s, i);
+      }
+    }
+    return with_interior_entry(map, address, fn);
+  }
   template <class Map, class F>
-  [[gnu::noinline]] static allocation* with_interior_entry(Map& map, uintptr_t address, F&& fn);
+  [[gnu::noinline]] static allocation* with_interior_entry(Map& map, uintptr_t address, F&& fn) {
+    // Its allocation starts below it, in any shard.
+    for (auto& s : map.shards_) {
+      std::lock_guard<spinlock> lock(s.mutex);
+      if (const size_t i = s.by_start.locate(address); i != address_table<allocation>::npos) {
+        return fn(s, i);
+      }
+    }
+    return nullptr;
+  }
 
   shard shards_[kShards];
 };
 
+/// The process's map of by-pointer allocations: constant-initialized, so that using it tests no
+/// guard, and never destroyed, since by-pointer memory may be freed during the process's exit.
+union process_pointer_map {
+  constexpr process_pointer_map() : map() {}
+  ~process_pointer_map() {}
+  pointer_map map;
+};
+extern process_pointer_map g_by_pointer_allocations;
+
 /// The process's map of by-pointer allocations (every device).
-pointer_map& by_pointer_allocations();
+inline pointer_map& by_pointer_allocations() {
+  return g_by_pointer_allocations.map;
+}
 
 }  // namespace arcpool::detail

@@ -66,8 +66,9 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   if ((flags & ~uint32_t{ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION}) != 0) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "unknown record_use flags 0x%x", flags);
   }
+  thread_state& ts = this_thread_state();  // the one lookup of the thread's state
   stream_ref user;
-  ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &user));
+  ARCPOOL_RETURN_IF_ERROR(resolve_stream(ts, s, &user));
   bool capturing = false;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(user.handle, &capturing));
   std::lock_guard<spinlock> lock(a.mutex);
@@ -97,7 +98,7 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
       for (const use_record& u : a.uses) {
         if (u.stream.id == user.id && u.stream.entry == user.entry &&
             u.stream.handle == user.handle && u.at_deallocation && !u.fence) {
-          stats_.count(stat::use_records);
+          stats_.at(thread_shard(ts)).count(stat::use_records);
           return ARCPOOL_STATUS_SUCCESS;
         }
       }
@@ -111,7 +112,7 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   } else {
     a.uses.push_back(std::move(record));
   }
-  stats_.count(stat::use_records);
+  stats_.at(thread_shard(ts)).count(stat::use_records);
   return ARCPOOL_STATUS_SUCCESS;
 }
 

@@ -22,7 +22,7 @@ class address_table {
   /// Adds or replaces the entry of `start`. False, with the table unchanged, when it had to
   /// grow and no host memory was left. One probe sequence, to the entry or the first gap.
   bool insert(uintptr_t start, size_t size, T* value) noexcept {
-    if ((count_ + 1) * 2 > capacity() && !grow()) {
+    if (count_ >= limit_ && !grow()) {
       // No room to add: replacing needs none.
       const size_t i = find_start(start);
       if (i == npos) return false;
@@ -102,6 +102,7 @@ class address_table {
     std::unique_ptr<slot[]> old = std::move(slots_);
     slots_ = std::move(fresh);
     mask_ = capacity - 1;
+    limit_ = capacity / 2;
     for (size_t i = 0; i < old_capacity; ++i) {
       if (old[i].start == 0) continue;
       size_t j = home(old[i].start);
@@ -115,6 +116,7 @@ class address_table {
   std::unique_ptr<slot[]> slots_;
   size_t mask_ = 0;
   size_t count_ = 0;
+  size_t limit_ = 0;  ///< entries the slots hold at most (half of them; 0 before the first)
 };
 
 }  // namespace arcpool::detail
