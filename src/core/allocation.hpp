@@ -126,9 +126,8 @@ class allocation final : public arcpool_allocation {
     const auto st = owners.load().st;
     return st == ARCPOOL_ALLOCATION_DEALLOCATED || st == ARCPOOL_ALLOCATION_EXPORTED;
   }
-  /// The memory's end is settled and the record holds nothing its destructor would release:
-  /// a determinate lifetime, no use-record storage, no fences. (What the fast path's
-  /// allocations leave.)
+  /// A determinate lifetime, and nothing the record's destructor would release: no use-record
+  /// storage, no fences. (What the fast path's allocations leave.)
   bool holds_nothing() const noexcept {
     return !indeterminate() && uses.capacity() == 0 && held_fences.empty_and_inline() &&
            !current_fence;

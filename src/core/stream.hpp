@@ -15,6 +15,7 @@
 #include "drivers/driver.hpp"
 #include "observe/stream_stats.hpp"
 #include "support/spinlock.hpp"
+#include "support/thread_state.hpp"
 
 namespace arcpool::detail {
 

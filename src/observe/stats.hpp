@@ -47,10 +47,10 @@ enum gauge : size_t {
 /// high-water mark. Each shard accumulates its changes and flushes them to the gauge's total once
 /// they exceed the gauge's threshold either way, where the peak is raised. current() is exact;
 /// peak() may miss a rise shorter than the unflushed amounts (at most the threshold per thread). A
-/// flush of bytes_in_use flushes the shard's allocations_in_use too, so the two peaks are taken at
-/// the same moments. The thresholds are constants, so that the fast path compares against an
-/// immediate, except bytes_held's, which a hard limit sets to 0: a threshold of 0 makes every
-/// change exact (the graph gauges' too).
+/// flush of bytes_in_use, allocations_in_use or bytes_cached flushes all three and the moves, so
+/// the peaks of the count and the bytes are taken at the same moments. The thresholds are
+/// constants, so that the fast path compares against an immediate, except bytes_held's, which a
+/// hard limit sets to 0: a threshold of 0 makes every change exact (the graph gauges' too).
 class stats {
   /// One thread shard's words: the counters, then the gauges' unflushed changes.
   struct alignas(64) shard {
