@@ -1,6 +1,8 @@
 // A minimal NVTX tool, loaded by NVTX through NVTX_INJECTION64_PATH, that records the ranges of
-// the "arcpool" domain so that a test can check them without Nsight.
+// the "arcpool" domain, and counts the memory regions registered there (the NVTX memory
+// extension), so that a test can check them without Nsight.
 #include <nvtx3/nvToolsExt.h>
+#include <nvtx3/nvToolsExtMem.h>
 
 #include <atomic>
 #include <cstring>
@@ -17,6 +19,7 @@ std::vector<std::string> g_messages;  // "category:payload:message" of every pus
 std::atomic<int> g_pushes{0};
 std::atomic<int> g_pops{0};
 std::atomic<int> g_categories{0};
+std::atomic<int> g_regions{0};
 
 nvtxDomainHandle_t NVTX_API domain_create(const char* name) {
   return std::strcmp(name, "arcpool") == 0 ? kArcpoolDomain : nullptr;
@@ -33,6 +36,13 @@ int NVTX_API range_push(nvtxDomainHandle_t domain, const nvtxEventAttributes_t* 
   std::lock_guard<std::mutex> lock(g_mutex);
   g_messages.push_back(row);
   return g_pushes.fetch_add(1) + 1;
+}
+
+void NVTX_API regions_register(nvtxDomainHandle_t domain,
+                               const nvtxMemRegionsRegisterBatch_t* batch) {
+  if (domain == kArcpoolDomain && batch != nullptr) {
+    g_regions.fetch_add(static_cast<int>(batch->regionCount));
+  }
 }
 
 int NVTX_API range_pop(nvtxDomainHandle_t domain) {
@@ -60,12 +70,29 @@ __attribute__((visibility("default"))) int InitializeInjectionNvtx2(
   return 1;
 }
 
+/// The memory extension's entry point: only nvtxMemRegionsRegister is implemented.
+__attribute__((visibility("default"))) int InitializeInjectionNvtxExtension(
+    nvtxExtModuleInfo_t* info) {
+  if (info == nullptr || info->moduleId != NVTX_EXT_MODULEID_MEM) return 1;
+  for (size_t s = 0; s < info->segmentsCount; ++s) {
+    nvtxExtModuleSegment_t& segment = info->segments[s];
+    if (segment.slotCount > NVTX3EXT_CBID_nvtxMemRegionsRegister) {
+      segment.functionSlots[NVTX3EXT_CBID_nvtxMemRegionsRegister] =
+          reinterpret_cast<intptr_t>(&regions_register);
+    }
+  }
+  return 1;
+}
+
 /// What the test reads back (looked up with dlsym).
 __attribute__((visibility("default"))) int arcpool_test_nvtx_pushes() {
   return g_pushes.load();
 }
 __attribute__((visibility("default"))) int arcpool_test_nvtx_pops() {
   return g_pops.load();
+}
+__attribute__((visibility("default"))) int arcpool_test_nvtx_regions() {
+  return g_regions.load();
 }
 __attribute__((visibility("default"))) int arcpool_test_nvtx_categories() {
   return g_categories.load();
