@@ -64,71 +64,65 @@ TEST(Nvtx, EveryPublicOperationOpensARangeInTheArcpoolDomain) {
   arcpool_allocator_destroy(alloc);
 }
 
-TEST(Nvtx, ACacheHitStillOpensItsRange) {
-  if (std::getenv("NVTX_INJECTION64_PATH") == nullptr) {
-    GTEST_SKIP() << "run through CTest: NVTX_INJECTION64_PATH must name the test tool";
+/// A host allocator with one created stream, and the same-stream pair on it: the first call
+/// fills the stream's cache, every later one is a cache hit.
+class HitsOnAStream : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::getenv("NVTX_INJECTION64_PATH") == nullptr) {
+      GTEST_SKIP() << "run through CTest: NVTX_INJECTION64_PATH must name the test tool";
+    }
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_HOST;
+    ASSERT_OK(arcpool_allocator_create(&options, &alloc_));
+    ASSERT_OK(arcpool_stream_create(alloc_, &s_));
   }
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_HOST;
-  arcpool_allocator_t* alloc = nullptr;
-  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(alloc, &s));
-  auto pair = [&] {
+  void TearDown() override {
+    if (s_ != nullptr) {
+      EXPECT_OK(arcpool_stream_destroy(alloc_, s_));
+    }
+    if (alloc_ != nullptr) arcpool_allocator_destroy(alloc_);
+  }
+  void pair() {
     arcpool_allocation_t* h = nullptr;
-    ASSERT_OK(arcpool_allocate_async(alloc, 4096, 0, s, 0, &h));
-    ASSERT_OK(arcpool_deallocate_async(h, s, 0));
+    ASSERT_OK(arcpool_allocate_async(alloc_, 4096, 0, s_, 0, &h));
+    ASSERT_OK(arcpool_deallocate_async(h, s_, 0));
     arcpool_allocation_release(h);
-  };
+  }
+  uint64_t cache_hits() const {
+    arcpool_stats_t st{};
+    st.struct_size = sizeof(st);
+    st.version = ARCPOOL_STATS_VERSION;
+    EXPECT_OK(arcpool_stats_get(alloc_, &st));
+    return st.cache_hits;
+  }
+
+  arcpool_allocator_t* alloc_ = nullptr;
+  arcpool_stream_t s_ = nullptr;
+};
+
+TEST_F(HitsOnAStream, ACacheHitStillOpensItsRange) {
   pair();  // loads the tool if no range did yet; fills the stream's cache
   auto pushes = tool_function<int (*)()>("arcpool_test_nvtx_pushes");
   ASSERT_NE(nullptr, pushes) << "the NVTX tool was not loaded";
   const int before = pushes();
-  pair();  // the fast path: a cache hit and a same-stream free
-  arcpool_stats_t st{};
-  st.struct_size = sizeof(st);
-  st.version = ARCPOOL_STATS_VERSION;
-  ASSERT_OK(arcpool_stats_get(alloc, &st));
-  EXPECT_EQ(1u, st.cache_hits);
+  pair();  // a cache hit and a same-stream free
+  EXPECT_EQ(1u, cache_hits());
   EXPECT_EQ(before + 2, pushes()) << "the cache hit and its free each open a range";
-  ASSERT_OK(arcpool_stream_destroy(alloc, s));
-  arcpool_allocator_destroy(alloc);
 }
 
-TEST(Nvtx, ACacheHitStillNamesItsMemoryRegion) {
+TEST_F(HitsOnAStream, ACacheHitStillNamesItsMemoryRegion) {
   // With a tool attached the fast path stays closed (allocator::fast_path_open): the hit is
   // served by the general path, which names the allocation's region for the tool.
-  if (std::getenv("NVTX_INJECTION64_PATH") == nullptr) {
-    GTEST_SKIP() << "run through CTest: NVTX_INJECTION64_PATH must name the test tool";
-  }
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_HOST;
-  arcpool_allocator_t* alloc = nullptr;
-  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(alloc, &s));
-  auto pair = [&] {
-    arcpool_allocation_t* h = nullptr;
-    ASSERT_OK(arcpool_allocate_async(alloc, 4096, 0, s, 0, &h));
-    ASSERT_OK(arcpool_deallocate_async(h, s, 0));
-    arcpool_allocation_release(h);
-  };
-  pair();  // loads the tool if no range did yet; fills the stream's cache
+  pair();
   auto regions = tool_function<int (*)()>("arcpool_test_nvtx_regions");
   ASSERT_NE(nullptr, regions) << "the NVTX tool was not loaded";
   ASSERT_GE(regions(), 1) << "the first allocation named no region";
   const int before = regions();
   pair();  // a cache hit
-  arcpool_stats_t st{};
-  st.struct_size = sizeof(st);
-  st.version = ARCPOOL_STATS_VERSION;
-  ASSERT_OK(arcpool_stats_get(alloc, &st));
-  EXPECT_EQ(1u, st.cache_hits);
+  EXPECT_EQ(1u, cache_hits());
   EXPECT_EQ(before + 1, regions()) << "the cache hit named no region";
-  ASSERT_OK(arcpool_stream_destroy(alloc, s));
-  arcpool_allocator_destroy(alloc);
 }
 
 }  // namespace
