@@ -77,6 +77,20 @@ void BM_MallocFreeByPointer(benchmark::State& state) {
 }
 BENCHMARK(BM_MallocFreeByPointer)->ARCPOOL_BENCH_THREADS;
 
+/// The by-pointer pair on the legacy default stream (NULL), which PyTorch's and CuPy's default
+/// streams are: every thread on the one stream, its cache and its statistics row.
+void BM_MallocFreeByPointerOnTheLegacyStream(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  for (auto _ : state) {
+    void* p = nullptr;
+    arcpool_allocator_malloc_async(f.alloc, 4096, 0, nullptr, &p);
+    arcpool_allocator_free_async(f.alloc, p, nullptr);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+  if (state.thread_index() == 0) report_ratio(state, raw_null_pair_ns(), "raw_null_pair");
+}
+BENCHMARK(BM_MallocFreeByPointerOnTheLegacyStream)->ARCPOOL_BENCH_THREADS;
+
 void BM_PreserveDiscardOwnAllocation(benchmark::State& state) {
   auto& f = null_fixture::get();
   arcpool_allocation_t* a = nullptr;

@@ -6,8 +6,11 @@
 // callgrind and divides the difference by N, which cancels everything but the loop.
 //
 // usage: arcpool_instruction_counts ROW ITERATIONS [THREADS]
-//   ROW: pair | by_pointer | preserve_discard | transfer | record_use
-//   THREADS: each thread runs the row on its own created stream (default 1).
+//   ROW: pair | by_pointer | preserve_discard | transfer | record_use | legacy_pair |
+//        legacy_by_pointer
+//   THREADS: each thread runs the row on its own created stream (default 1); the legacy_ rows
+//   run pair and by_pointer on the legacy default stream (NULL), which PyTorch's and CuPy's
+//   default streams are, shared by every thread.
 #include <arcpool/arcpool.h>
 
 #include <cstdio>
@@ -101,6 +104,10 @@ void run_row(arcpool_allocator_t* a, const std::string& row, long n) {
       pair(a, s, count);
     } else if (row == "by_pointer") {
       by_pointer(a, s, count);
+    } else if (row == "legacy_pair") {
+      pair(a, nullptr, count);
+    } else if (row == "legacy_by_pointer") {
+      by_pointer(a, nullptr, count);
     } else if (row == "preserve_discard") {
       preserve_discard(a, s, count);
     } else if (row == "transfer") {
@@ -116,7 +123,8 @@ void run_row(arcpool_allocator_t* a, const std::string& row, long n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* rows[] = {"pair", "by_pointer", "preserve_discard", "transfer", "record_use"};
+  const char* rows[] = {"pair",       "by_pointer",  "preserve_discard", "transfer",
+                        "record_use", "legacy_pair", "legacy_by_pointer"};
   bool known = false;
   for (const char* r : rows)
     known = known || (argc >= 3 && std::strcmp(argv[1], r) == 0);
@@ -124,8 +132,8 @@ int main(int argc, char** argv) {
   const long threads = argc >= 4 ? std::strtol(argv[3], nullptr, 10) : 1;
   if (!known || n <= 0 || threads <= 0 || argc > 4) {
     std::fprintf(stderr,
-                 "usage: %s pair|by_pointer|preserve_discard|transfer|record_use ITERATIONS "
-                 "[THREADS]\n",
+                 "usage: %s pair|by_pointer|preserve_discard|transfer|record_use|legacy_pair|"
+                 "legacy_by_pointer ITERATIONS [THREADS]\n",
                  argv[0]);
     return 1;
   }

@@ -1,6 +1,8 @@
 // What the fast path (a same-stream cache hit, design.md §7) must keep doing while it is made
 // shorter: refuse a capturing stream, count in every statistic a slow allocation counts in, and
-// hand records freed on one thread to allocations on another. On every driver.
+// hand records freed on one thread to allocations on another. On every driver, on a created
+// stream and on the legacy default stream (NULL: PyTorch's and CuPy's default), which both take
+// it.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -22,8 +24,10 @@ class FastPath : public DriverTest {
   void SetUp() override {
     DriverTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    s_ = make_stream();
+    s_ = legacy() ? nullptr : make_stream();
   }
+  /// Runs the suite on the legacy default stream instead of a created one.
+  virtual bool legacy() const { return false; }
 
   /// Allocates a block on s_ and frees it there, so that the next allocation of its size hits.
   void warm() {
@@ -33,7 +37,91 @@ class FastPath : public DriverTest {
     ASSERT_EQ(kBlock, stats().bytes_cached_current);
   }
 
+  // The tests both suites run.
+
+  /// A hit and its free count in every statistic an allocation and a deallocation move.
+  void a_cache_hit_counts_in_every_statistic_an_allocation_moves() {
+    warm();
+    const arcpool_stats_t before = stats();
+    arcpool_allocation_t* a = allocate(kBlock, s_);
+    const arcpool_stats_t during = stats();
+    EXPECT_EQ(before.cache_hits + 1, during.cache_hits);
+    EXPECT_EQ(before.allocations + 1, during.allocations);
+    EXPECT_EQ(before.bytes_in_use_current + kBlock, during.bytes_in_use_current);
+    EXPECT_EQ(before.allocations_in_use_current + 1, during.allocations_in_use_current);
+    EXPECT_EQ(before.bytes_cached_current - kBlock, during.bytes_cached_current);
+    EXPECT_EQ(before.bytes_held_current, during.bytes_held_current) << "no pool allocation";
+    EXPECT_GE(during.bytes_in_use_peak, kBlock);
+    ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+    arcpool_allocation_release(a);
+    const arcpool_stats_t after = stats();
+    EXPECT_EQ(before.deallocations + 1, after.deallocations);
+    EXPECT_EQ(before.same_stream_frees + 1, after.same_stream_frees);
+    EXPECT_EQ(before.cache_frees + 1, after.cache_frees);
+    EXPECT_EQ(before.bytes_in_use_current, after.bytes_in_use_current);
+    EXPECT_EQ(before.allocations_in_use_current, after.allocations_in_use_current);
+    EXPECT_EQ(before.bytes_cached_current, after.bytes_cached_current);
+  }
+
+  /// A free on the origin while another stream uses the block is not cached.
+  void a_free_on_the_origin_with_another_streams_use_is_not_cached() {
+    // The same-stream route, and so the cache, only without other streams' uses (design.md §4):
+    // a block another stream may still read must not be lent to the origin's next allocation.
+    warm();
+    arcpool_stream_t reader = make_stream();
+    arcpool_allocation_t* a = allocate(kBlock, s_);  // the cache's block
+    ASSERT_OK(arcpool_record_use(a, reader));
+    const arcpool_stats_t before = stats();
+    ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
+    const arcpool_stats_t after = stats();
+    EXPECT_EQ(before.deallocations + 1, after.deallocations);
+    EXPECT_EQ(before.cache_frees, after.cache_frees)
+        << "the block went into the origin's cache while another stream may use it";
+    EXPECT_EQ(before.bytes_cached_current, after.bytes_cached_current);
+    arcpool_allocation_release(a);
+    sync(reader);
+    sync(s_);
+    finish_reclaims();
+    EXPECT_EQ(0u, stats().allocations_in_use_current);
+  }
+
+  /// Records released on other threads serve this thread's later allocations intact.
+  void records_released_on_another_thread_serve_later_allocations() {
+    // Records allocated here, released on other threads (into those threads' free lists), then
+    // allocated and released here again: every record must stay intact and none may leak
+    // (LeakSanitizer runs at exit in the ASan build; TSan watches the hand-off).
+    constexpr int kRounds = 4;
+    constexpr int kPerRound = 64;
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<arcpool_allocation_t*> made;
+      for (int i = 0; i < kPerRound; ++i)
+        made.push_back(allocate(kBlock + 256 * i, s_));
+      std::thread other([&] {
+        for (arcpool_allocation_t* a : made) {
+          EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+          arcpool_allocation_release(a);
+        }
+      });
+      other.join();
+      for (int i = 0; i < kPerRound; ++i) {
+        arcpool_allocation_t* a = allocate(kBlock + 256 * i, s_);
+        EXPECT_EQ(kBlock + 256 * i, arcpool_allocation_size(a));
+        EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+        arcpool_allocation_release(a);
+      }
+    }
+    sync(s_);
+    EXPECT_EQ(0u, stats().allocations_in_use_current);
+  }
+
   arcpool_stream_t s_ = nullptr;
+};
+
+/// The same tests on the legacy default stream, which takes the same fast path (its cache is
+/// the allocator's legacy cache, its statistics row the other-streams row).
+class FastPathOnTheLegacyStream : public FastPath {
+ protected:
+  bool legacy() const override { return true; }
 };
 
 TEST_P(FastPath, ACacheHitOnACapturingStreamIsUnsupportedAndTakesNothing) {
@@ -68,78 +156,58 @@ TEST_P(FastPath, ACacheHitOnACapturingStreamIsUnsupportedAndTakesNothing) {
 }
 
 TEST_P(FastPath, ACacheHitCountsInEveryStatisticAnAllocationMoves) {
-  warm();
-  const arcpool_stats_t before = stats();
-  arcpool_allocation_t* a = allocate(kBlock, s_);
-  const arcpool_stats_t during = stats();
-  EXPECT_EQ(before.cache_hits + 1, during.cache_hits);
-  EXPECT_EQ(before.allocations + 1, during.allocations);
-  EXPECT_EQ(before.bytes_in_use_current + kBlock, during.bytes_in_use_current);
-  EXPECT_EQ(before.allocations_in_use_current + 1, during.allocations_in_use_current);
-  EXPECT_EQ(before.bytes_cached_current - kBlock, during.bytes_cached_current);
-  EXPECT_EQ(before.bytes_held_current, during.bytes_held_current) << "no pool allocation";
-  EXPECT_GE(during.bytes_in_use_peak, kBlock);
-  ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
-  arcpool_allocation_release(a);
-  const arcpool_stats_t after = stats();
-  EXPECT_EQ(before.deallocations + 1, after.deallocations);
-  EXPECT_EQ(before.same_stream_frees + 1, after.same_stream_frees);
-  EXPECT_EQ(before.cache_frees + 1, after.cache_frees);
-  EXPECT_EQ(before.bytes_in_use_current, after.bytes_in_use_current);
-  EXPECT_EQ(before.allocations_in_use_current, after.allocations_in_use_current);
-  EXPECT_EQ(before.bytes_cached_current, after.bytes_cached_current);
+  a_cache_hit_counts_in_every_statistic_an_allocation_moves();
+}
+TEST_P(FastPathOnTheLegacyStream, ACacheHitCountsInEveryStatisticAnAllocationMoves) {
+  a_cache_hit_counts_in_every_statistic_an_allocation_moves();
+}
+TEST_P(FastPath, AFreeOnTheOriginWithAnotherStreamsUseIsNotCached) {
+  a_free_on_the_origin_with_another_streams_use_is_not_cached();
+}
+TEST_P(FastPathOnTheLegacyStream, AFreeOnTheOriginWithAnotherStreamsUseIsNotCached) {
+  a_free_on_the_origin_with_another_streams_use_is_not_cached();
+}
+TEST_P(FastPath, RecordsReleasedOnAnotherThreadServeLaterAllocations) {
+  records_released_on_another_thread_serve_later_allocations();
+}
+TEST_P(FastPathOnTheLegacyStream, RecordsReleasedOnAnotherThreadServeLaterAllocations) {
+  records_released_on_another_thread_serve_later_allocations();
 }
 
-TEST_P(FastPath, AFreeOnTheOriginWithAnotherStreamsUseIsNotCached) {
-  // The same-stream route, and so the cache, only without other streams' uses (design.md §4):
-  // a block another stream may still read must not be lent to the origin's next allocation.
-  warm();
-  arcpool_stream_t reader = make_stream();
-  arcpool_allocation_t* a = allocate(kBlock, s_);  // the cache's block
-  ASSERT_OK(arcpool_record_use(a, reader));
+TEST_P(FastPathOnTheLegacyStream, AFreeThereOfAnotherStreamsMemoryIsNotCachedThere) {
+  // Memory of a created stream handed to the legacy default stream and freed there is freed
+  // across streams (design.md §4): neither the legacy stream's cache nor its statistics row
+  // takes it, and its origin's row sees it go.
+  arcpool_stream_t origin = make_stream();
+  arcpool_allocation_t* a = allocate(kBlock, origin);
+  ASSERT_OK(arcpool_transfer(a, s_));
   const arcpool_stats_t before = stats();
   ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
   const arcpool_stats_t after = stats();
   EXPECT_EQ(before.deallocations + 1, after.deallocations);
-  EXPECT_EQ(before.cache_frees, after.cache_frees)
-      << "the block went into the origin's cache while another stream may use it";
-  EXPECT_EQ(before.bytes_cached_current, after.bytes_cached_current);
+  EXPECT_EQ(before.cross_stream_frees + 1, after.cross_stream_frees);
+  EXPECT_EQ(before.same_stream_frees, after.same_stream_frees)
+      << "a free on the legacy stream of another stream's memory took the same-stream route";
   arcpool_allocation_release(a);
-  sync(reader);
   sync(s_);
+  sync(origin);
   finish_reclaims();
   EXPECT_EQ(0u, stats().allocations_in_use_current);
-}
-
-TEST_P(FastPath, RecordsReleasedOnAnotherThreadServeLaterAllocations) {
-  // Records allocated here, released on other threads (into those threads' free lists), then
-  // allocated and released here again: every record must stay intact and none may leak
-  // (LeakSanitizer runs at exit in the ASan build; TSan watches the hand-off).
-  constexpr int kRounds = 4;
-  constexpr int kPerRound = 64;
-  for (int round = 0; round < kRounds; ++round) {
-    std::vector<arcpool_allocation_t*> made;
-    for (int i = 0; i < kPerRound; ++i)
-      made.push_back(allocate(kBlock + 256 * i, s_));
-    std::thread other([&] {
-      for (arcpool_allocation_t* a : made) {
-        EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
-        arcpool_allocation_release(a);
-      }
-    });
-    other.join();
-    for (int i = 0; i < kPerRound; ++i) {
-      arcpool_allocation_t* a = allocate(kBlock + 256 * i, s_);
-      EXPECT_EQ(kBlock + 256 * i, arcpool_allocation_size(a));
-      EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
-      arcpool_allocation_release(a);
-    }
+  std::vector<arcpool_stream_stats_t> rows(ARCPOOL_STREAM_STATS_ROWS + 1);
+  size_t count = 0;
+  ASSERT_OK(arcpool_stream_stats_list(alloc_, rows.data(), sizeof(rows[0]), rows.size(), &count));
+  bool found = false;
+  for (size_t i = 0; i < count && i < rows.size(); ++i) {
+    if (rows[i].other != 0 || rows[i].stream != origin) continue;
+    found = true;
+    EXPECT_EQ(0u, rows[i].bytes_in_use_current) << "the origin's row never saw its memory go";
+    EXPECT_EQ(1u, rows[i].cross_stream_frees);
   }
-  sync(s_);
-  EXPECT_EQ(0u, stats().allocations_in_use_current);
+  EXPECT_TRUE(found) << "no statistics row for the origin stream";
 }
 
 ARCPOOL_INSTANTIATE_FOR_DRIVERS(FastPath);
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(FastPathOnTheLegacyStream);
 
 }  // namespace
 }  // namespace arcpool::test

@@ -177,27 +177,28 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
                                      allocation** out) {
   // The fast path: a cache hit, a block of exactly this size freed earlier on this stream.
   // Stream order makes it safe with no event: every wait it needed was enqueued before it was
-  // cached. It serves a created or registered stream this thread looked up before (one line of
-  // its stream cache), with no flags, the pool's alignment or less, and nothing observing
-  // (fast_path_open). It takes no lock but the stream cache's spinlock, allocates nothing from
-  // the heap (the record comes from the thread's free list) and makes one runtime call, the
-  // capture check. Budget, with the same-stream free and the release: tools/instruction-budget's
-  // "pair" row.
+  // cached. It serves a created or registered stream, or the legacy default stream, that this
+  // thread looked up before (one line of its stream cache), with no flags, the pool's alignment or
+  // less, and nothing observing (fast_path_open). It takes no lock but the stream cache's spinlock,
+  // allocates nothing from the heap (the record comes from the thread's free list) and makes one
+  // runtime call, the capture check. Budget, with the same-stream free and the release:
+  // tools/instruction-budget's "pair" row.
   thread_state& ts = this_thread_state();
   const stream_cache_line& line = ts.stream_line(s);
   if ((flags | (alignment & (alignment - 1))) == 0 && alignment <= kPoolAlignment &&
-      line.handle == s && line.stamp == streams_.stamp() && line.entry != nullptr &&
-      fast_path_open(ts)) {
-    const stream_ref origin{s, line.id, stream_kind::application, line.entry, 0};
-    bool capturing = false;
-    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
-    if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
-    if (capturing) return allocate_in_capture(size, alignment, 0, origin, out);
-    if (allocation* a = allocate_cached<true>(ts, origin.entry->cache(), size, alignment, origin)) {
-      *out = a;
-      return ARCPOOL_STATUS_SUCCESS;
+      line.handle == s && line.stamp == streams_.stamp() && fast_path_open(ts)) {
+    if (block_cache* cache = fast_cache(line)) {
+      const stream_ref origin{s, line.id, line.kind, line.entry, 0};
+      bool capturing = false;
+      ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
+      if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;
+      if (capturing) return allocate_in_capture(size, alignment, 0, origin, out);
+      if (allocation* a = allocate_cached<true>(ts, *cache, size, alignment, origin)) {
+        *out = a;
+        return ARCPOOL_STATUS_SUCCESS;
+      }
+      return allocate_uncached(size, alignment, flags, origin, out);
     }
-    return allocate_uncached(size, alignment, flags, origin, out);
   }
   return allocate_general(size, alignment, s, flags, out);
 }

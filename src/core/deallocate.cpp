@@ -304,28 +304,26 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-bool allocator::free_into_cache(allocation& a, stream_entry& e, thread_state& ts) {
+bool allocator::free_into_cache(allocation& a, block_cache& cache, stream_stats& row,
+                                stream_handle s, thread_state& ts) {
   // The commit (the ownership transition) and the put happen together under the cache's lock,
   // so that a refused put changes nothing. The origin's own row counts the free there too, and
   // the before-free hook runs there once the free is accepted.
-  stream_stats& row = e.stats();
   const size_t size = a.placement.size;
   bool row_counted = false;
-  const bool kept =
-      e.cache().put_if(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes,
-                       [&](const spinlock& held) {
-                         if (!a.owners.end_sole_ownership()) return false;
-                         row_counted = row.freed_if_guarded_by(held, size);
-                         if (config_.before_free != nullptr) {
-                           config_.before_free(a.placement.base, a.placement.held_bytes, e.handle(),
-                                               config_.before_free_user_data);
-                         }
-                         return true;
-                       });
+  const bool kept = cache.put_if(a.placement.base, a.placement.held_bytes,
+                                 config_.stream_cache_bytes, [&](const spinlock& held) {
+                                   if (!a.owners.end_sole_ownership()) return false;
+                                   row_counted = row.freed_if_guarded_by(held, size);
+                                   if (config_.before_free != nullptr) {
+                                     config_.before_free(a.placement.base, a.placement.held_bytes,
+                                                         s, config_.before_free_user_data);
+                                   }
+                                   return true;
+                                 });
   if (!kept) return false;
   if (!row_counted) row.freed(size);
-  if (notes_cache_moves_)
-    driver_->note_release(a.placement.base, a.placement.held_bytes, e.handle());
+  if (notes_cache_moves_) driver_->note_release(a.placement.base, a.placement.held_bytes, s);
   // A cacheable block is held whole: its held bytes are its size (no alignment padding).
   stats_.owned_cache_free(ts.slot.index, static_cast<int64_t>(size));
   return true;
@@ -334,20 +332,36 @@ bool allocator::free_into_cache(allocation& a, stream_entry& e, thread_state& ts
 arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t flags) {
   // The fast path: arcpool's own cacheable memory (decided at allocation: no import, no graph
   // memory, a determinate lifetime), used on its origin stream alone, freed there by its sole
-  // owner, into that stream's cache. The origin, created or registered and alive, is known
-  // without a lookup: while arcpool proves it alive its handle names no other stream
-  // (design.md §6). One runtime call, the capture check (a capturing caller takes
-  // deallocate_in_capture on the general path).
+  // owner, into that stream's cache. The origin is created or registered and alive, known
+  // without a lookup (while arcpool proves it alive its handle names no other stream,
+  // design.md §6), or it is the legacy default stream, which the caller passed. One runtime
+  // call, the capture check (a capturing caller takes deallocate_in_capture on the general
+  // path).
   if (flags == 0 && a.placement.cacheable) {
     thread_state& ts = this_thread_state();
     if (fast_path_open(ts)) {
       std::lock_guard<spinlock> lock(a.mutex);
-      stream_entry* const e = a.current.entry;
-      if (s == a.current.handle && e != nullptr && e == a.placement.origin.entry &&
-          a.uses.empty() && e->alive()) {
-        bool capturing = false;
-        ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
-        if (!capturing && free_into_cache(a, *e, ts)) return ARCPOOL_STATUS_SUCCESS;
+      if (s == a.current.handle && a.uses.empty()) {
+        stream_entry* const e = a.current.entry;
+        block_cache* cache = nullptr;
+        stream_stats* row = nullptr;
+        if (e != nullptr) {
+          if (e == a.placement.origin.entry && e->alive()) {
+            cache = &e->cache();
+            row = &e->stats();
+          }
+        } else if (a.current.kind == stream_kind::legacy_default &&
+                   a.placement.origin.kind == stream_kind::legacy_default) {
+          cache = &legacy_cache_;
+          row = &stream_stats_.other();
+        }
+        if (cache != nullptr) {
+          bool capturing = false;
+          ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
+          if (!capturing && free_into_cache(a, *cache, *row, s, ts)) {
+            return ARCPOOL_STATUS_SUCCESS;
+          }
+        }
       }
     }
   }
