@@ -14,7 +14,8 @@
 namespace arcpool::bench {
 namespace {
 
-/// One null-driver allocator and one stream per thread, shared by the threads of a benchmark.
+/// One null-driver allocator, also device 0's default, and one stream per thread, shared by the
+/// threads of a benchmark.
 struct null_fixture {
   arcpool_allocator_t* alloc = make_allocator(ARCPOOL_DRIVER_NULL);
   std::vector<arcpool_stream_t> streams;
@@ -24,6 +25,8 @@ struct null_fixture {
       check(arcpool_stream_create(alloc, &s), "stream_create");
       streams.push_back(s);
     }
+    // The framework hooks' default allocator (BM_FrameworkHooks).
+    check(arcpool_default_allocator_set(0, alloc), "default_allocator_set");
   }
   static null_fixture& get() {
     static null_fixture f;
@@ -90,6 +93,21 @@ void BM_MallocFreeByPointerOnTheLegacyStream(benchmark::State& state) {
   if (state.thread_index() == 0) report_ratio(state, raw_null_pair_ns(), "raw_null_pair");
 }
 BENCHMARK(BM_MallocFreeByPointerOnTheLegacyStream)->ARCPOOL_BENCH_THREADS;
+
+/// The calls PyTorch's and CuPy's hooks make (arcpool_malloc_async, arcpool_free_async: device
+/// 0's default allocator, here the null-driver one), each thread on its own stream: what
+/// finding the default allocator costs as threads are added.
+void BM_FrameworkHooks(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  arcpool_stream_t s = f.streams[state.thread_index()];
+  for (auto _ : state) {
+    void* p = arcpool_malloc_async(4096, 0, s);
+    arcpool_free_async(p, 4096, 0, s);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+  if (state.thread_index() == 0) report_ratio(state, raw_null_pair_ns(), "raw_null_pair");
+}
+BENCHMARK(BM_FrameworkHooks)->ARCPOOL_BENCH_THREADS;
 
 void BM_PreserveDiscardOwnAllocation(benchmark::State& state) {
   auto& f = null_fixture::get();

@@ -7,10 +7,12 @@
 //
 // usage: arcpool_instruction_counts ROW ITERATIONS [THREADS]
 //   ROW: pair | by_pointer | preserve_discard | transfer | record_use | legacy_pair |
-//        legacy_by_pointer
+//        legacy_by_pointer | framework
 //   THREADS: each thread runs the row on its own created stream (default 1); the legacy_ rows
 //   run pair and by_pointer on the legacy default stream (NULL), which PyTorch's and CuPy's
-//   default streams are, shared by every thread.
+//   default streams are, shared by every thread; framework runs the calls PyTorch's and CuPy's
+//   hooks make (arcpool_malloc_async, arcpool_free_async: device 0's default allocator, which
+//   is the allocator under test) on the legacy default stream.
 #include <arcpool/arcpool.h>
 
 #include <cstdio>
@@ -55,6 +57,15 @@ void by_pointer(arcpool_allocator_t* a, arcpool_stream_t s, long n) {
     void* p = nullptr;
     check(arcpool_allocator_malloc_async(a, kBytes, 0, s, &p), "arcpool_allocator_malloc_async");
     check(arcpool_allocator_free_async(a, p, s), "arcpool_allocator_free_async");
+  }
+}
+
+/// The framework hooks' pair: malloc and free through device 0's default allocator.
+void framework(long n) {
+  for (long i = 0; i < n; ++i) {
+    void* p = arcpool_malloc_async(kBytes, 0, nullptr);
+    if (p == nullptr) check(ARCPOOL_STATUS_OUT_OF_MEMORY, "arcpool_malloc_async");
+    check(arcpool_free_async(p, kBytes, 0, nullptr), "arcpool_free_async");
   }
 }
 
@@ -108,6 +119,8 @@ void run_row(arcpool_allocator_t* a, const std::string& row, long n) {
       pair(a, nullptr, count);
     } else if (row == "legacy_by_pointer") {
       by_pointer(a, nullptr, count);
+    } else if (row == "framework") {
+      framework(count);
     } else if (row == "preserve_discard") {
       preserve_discard(a, s, count);
     } else if (row == "transfer") {
@@ -123,8 +136,8 @@ void run_row(arcpool_allocator_t* a, const std::string& row, long n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* rows[] = {"pair",       "by_pointer",  "preserve_discard", "transfer",
-                        "record_use", "legacy_pair", "legacy_by_pointer"};
+  const char* rows[] = {"pair",       "by_pointer",  "preserve_discard",  "transfer",
+                        "record_use", "legacy_pair", "legacy_by_pointer", "framework"};
   bool known = false;
   for (const char* r : rows)
     known = known || (argc >= 3 && std::strcmp(argv[1], r) == 0);
@@ -133,7 +146,7 @@ int main(int argc, char** argv) {
   if (!known || n <= 0 || threads <= 0 || argc > 4) {
     std::fprintf(stderr,
                  "usage: %s pair|by_pointer|preserve_discard|transfer|record_use|legacy_pair|"
-                 "legacy_by_pointer ITERATIONS [THREADS]\n",
+                 "legacy_by_pointer|framework ITERATIONS [THREADS]\n",
                  argv[0]);
     return 1;
   }
@@ -142,12 +155,14 @@ int main(int argc, char** argv) {
   options.driver = ARCPOOL_DRIVER_NULL;
   arcpool_allocator_t* a = nullptr;
   check(arcpool_allocator_create(&options, &a), "arcpool_allocator_create");
+  check(arcpool_default_allocator_set(0, a), "arcpool_default_allocator_set");
   const std::string row = argv[1];
   std::vector<std::thread> workers;
   for (long t = 0; t < threads; ++t)
     workers.emplace_back([&] { run_row(a, row, n); });
   for (std::thread& w : workers)
     w.join();
+  check(arcpool_default_allocator_set(0, nullptr), "arcpool_default_allocator_set");
   arcpool_allocator_destroy(a);
   return 0;
 }

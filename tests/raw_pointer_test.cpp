@@ -2,6 +2,9 @@
 // served by the per-device default allocator. On both drivers.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "support/driver_test.hpp"
@@ -171,6 +174,89 @@ TEST_P(RawPointer, AllocationsOfAReplacedDefaultStayValid) {
   EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));
   EXPECT_OK(arcpool_free_async(q, kBytes, 0, s_));
   EXPECT_EQ(1u, stats().deallocations);
+}
+
+TEST_P(RawPointer, ReplacingTheDefaultWhileThreadsAllocateLosesNothing) {
+  // The raw-pointer entry points find the default allocator without a lock or a reference
+  // (api/default_allocators.hpp): a replaced allocator must outlive every malloc that found it.
+  // Each replacement here drops the only other reference, so an allocator released too early
+  // is used after its destruction (ASan; unmapped memory without it).
+  ARCPOOL_SKIP_ON_DETERMINISTIC(
+      "threads of its own; the replacement's driver cannot name the "
+      "fixture's streams");
+  constexpr int kThreads = 4;
+  constexpr int kReplacements = 200;
+  std::atomic<bool> done{false};
+  std::atomic<int> failures{0};
+  std::atomic<long> pairs{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      arcpool_stream_t s = t % 2 == 0 ? s_ : nullptr;  // a created stream and the legacy one
+      while (!done.load(std::memory_order_relaxed)) {
+        void* p = arcpool_malloc_async(4096 * (1 + t), 0, s);
+        if (p == nullptr || arcpool_free_async(p, 4096 * (1 + t), 0, s) != ARCPOOL_STATUS_SUCCESS)
+          failures.fetch_add(1);
+        pairs.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = GetParam();
+  for (int i = 0; i < kReplacements; ++i) {
+    arcpool_allocator_t* replacement = nullptr;
+    ASSERT_OK(arcpool_allocator_create(&options, &replacement));
+    ASSERT_OK(arcpool_default_allocator_set(0, replacement));
+    arcpool_allocator_destroy(replacement);  // the table's reference is the only other one
+    const long before = pairs.load();
+    while (pairs.load() < before + kThreads)
+      std::this_thread::yield();  // some use it
+  }
+  ASSERT_OK(arcpool_default_allocator_set(0, alloc_));
+  done = true;
+  for (std::thread& t : threads)
+    t.join();
+  EXPECT_EQ(0, failures.load()) << arcpool_last_error();
+  sync(s_);
+  sync(nullptr);
+}
+
+/// An out-of-memory callback that replaces the default allocator of device 0 with the
+/// allocator `user_data` points at, and asks for no retry.
+int replace_default_on_oom(size_t, void* user_data) {
+  auto* replacement = static_cast<arcpool_allocator_t**>(user_data);
+  EXPECT_OK(arcpool_default_allocator_set(0, *replacement));
+  return 0;
+}
+
+TEST_P(RawPointer, ADefaultReplacedWithinItsOwnMallocServesThatMallocToTheEnd) {
+  // The out-of-memory callback of the allocator a malloc found replaces it: the malloc still
+  // ends in it (its message reads its figures after the callback), without waiting for
+  // itself, and the next malloc goes to the replacement.
+  ARCPOOL_SKIP_ON_DETERMINISTIC("the replacement's own driver cannot name the fixture's streams");
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = GetParam();
+  arcpool_allocator_t* replacement = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &replacement));
+  options.hard_limit_bytes = kBytes;
+  options.on_out_of_memory = replace_default_on_oom;
+  options.on_out_of_memory_user_data = &replacement;
+  arcpool_allocator_t* limited = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &limited));
+  ASSERT_OK(arcpool_default_allocator_set(0, limited));
+  arcpool_allocator_destroy(limited);  // the table's reference is the only one
+  EXPECT_EQ(nullptr, arcpool_malloc_async(2 * kBytes, 0, s_)) << "beyond the hard limit";
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "hard limit")) << arcpool_last_error();
+  void* p = arcpool_malloc_async(2 * kBytes, 0, s_);
+  ASSERT_NE(nullptr, p) << "the replacement has no limit: " << arcpool_last_error();
+  arcpool_allocator_t* current = nullptr;
+  ASSERT_OK(arcpool_default_allocator_get(0, &current));
+  EXPECT_EQ(replacement, current);
+  EXPECT_OK(arcpool_free_async(p, 2 * kBytes, 0, s_));
+  arcpool_allocator_destroy(replacement);
+  sync(s_);
 }
 
 TEST_P(RawPointer, ADefaultAllocatorMustServeItsDevice) {

@@ -445,11 +445,8 @@ void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
   traced(
       nvtx::op::allocate, size, stream,
       [](size_t n, int d, arcpool_stream_t s, void** out) {
-        arcpool::detail::allocator* a = nullptr;
-        ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(d, &a));
-        const arcpool_status_t status = a->malloc_by_pointer(n, 0, s, out);
-        a->release();
-        return status;
+        return arcpool::detail::with_default_allocator(
+            d, [&](arcpool::detail::allocator& a) { return a.malloc_by_pointer(n, 0, s, out); });
       },
       size, device, stream, &data);
   return data;
