@@ -145,6 +145,23 @@ TEST_F(RuntimeCalls, OfEachHotOperation) {
                });
 }
 
+// The framework hooks (PyTorch's and CuPy's) on the legacy default stream, warm: the same
+// calls as the by-pointer pair on a created stream. Finding the default allocator makes none.
+TEST_F(RuntimeCalls, OfTheFrameworkHooksOnTheLegacyStream) {
+  ASSERT_OK(arcpool_default_allocator_set(0, alloc_));
+  void* warm = arcpool_malloc_async(kBytes, 0, nullptr);
+  ASSERT_NE(nullptr, warm) << arcpool_last_error();
+  ASSERT_OK(arcpool_free_async(warm, kBytes, 0, nullptr));
+  expect_calls("malloc_async + free_async (framework hooks, legacy stream, cache hit)",
+               {{"cuCtxGetCurrent", 2}, {"cudaStreamIsCapturing", 2}}, [&] {
+                 void* p = arcpool_malloc_async(kBytes, 0, nullptr);
+                 ASSERT_NE(nullptr, p) << arcpool_last_error();
+                 ASSERT_OK(arcpool_free_async(p, kBytes, 0, nullptr));
+               });
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(nullptr));
+  ASSERT_OK(arcpool_default_allocator_set(0, nullptr));
+}
+
 // An application stream arcpool does not know is resolved on every call (its handle may have
 // been recycled), its device checked, and it has no cache: register streams used often.
 TEST_F(RuntimeCalls, OfAnUnregisteredApplicationStream) {
