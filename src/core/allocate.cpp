@@ -187,8 +187,8 @@ arcpool_status_t allocator::allocate(size_t size, size_t alignment, stream_handl
   const stream_cache_line& line = ts.stream_line(s);
   if ((flags | (alignment & (alignment - 1))) == 0 && alignment <= kPoolAlignment &&
       line.handle == s && line.stamp == streams_.stamp() && fast_path_open(ts)) {
-    if (block_cache* cache = fast_cache(line)) {
-      const stream_ref origin{s, line.id, line.kind, line.entry, 0};
+    const stream_ref origin{s, line.id, line.kind, line.entry, 0};
+    if (block_cache* cache = cache_for(origin)) {
       bool capturing = false;
       ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
       if (alignment == 0) alignment = ARCPOOL_DEFAULT_ALIGNMENT;

@@ -185,13 +185,6 @@ class allocator {
                                     allocation** out);
   /// deallocate without the fast path: every flag, route, stream and ownership state.
   arcpool_status_t deallocate_general(allocation& a, stream_handle s, uint32_t flags);
-  /// The fast path's stream cache for a stream this thread looked up before (`line`): a created
-  /// or registered stream's own, or the legacy default stream's (design.md §7); null for any
-  /// other stream, which takes the general path.
-  block_cache* fast_cache(const stream_cache_line& line) noexcept {
-    if (line.entry != nullptr) return &line.entry->cache();
-    return line.kind == stream_kind::legacy_default ? &legacy_cache_ : nullptr;
-  }
   /// deallocate's fast path after its checks (`a.mutex` held; `a` cacheable, used only on its
   /// origin stream `s`, which is alive and not capturing): accepts the deallocation of a sole
   /// owner and keeps the block in `cache`, `s`'s, both under the cache's lock, counting it on
