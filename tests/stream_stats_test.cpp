@@ -3,8 +3,10 @@
 // the allocator's totals. On every driver.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/driver_test.hpp"
@@ -138,6 +140,33 @@ TEST_P(StreamStats, TheRowsAddUpToTheAllocatorsTotals) {
   sync(nullptr);
   EXPECT_OK(arcpool_stream_unregister(alloc_, registered));
   EXPECT_EQ(1u, row_of(registered).retired) << "a retired stream keeps its row";
+}
+
+TEST_P(StreamStats, TwoThreadsRegisteringOneStreamLeaveOneRow) {
+  // Both registrations find the stream unknown and build an entry; the registry adds one. The
+  // other must not keep a row of its own (a second row for the stream, counting nothing, and
+  // one row fewer for later streams). Repeated, so that the two often meet in that window; a
+  // later round's stream may reuse an earlier one's handle, whose row is retired.
+  for (size_t round = 0; round < ARCPOOL_STREAM_STATS_ROWS - 4; ++round) {
+    arcpool_stream_t s = make_app_stream();
+    std::atomic<int> ready{0};
+    auto register_it = [&] {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      EXPECT_OK(arcpool_stream_register(alloc_, s));
+    };
+    std::thread other(register_it);
+    register_it();
+    other.join();
+    size_t rows_of_s = 0;
+    for (const arcpool_stream_stats_t& r : rows())
+      rows_of_s += r.other == 0 && r.retired == 0 && r.stream == s ? 1 : 0;
+    ASSERT_EQ(1u, rows_of_s) << "round " << round;
+    ASSERT_OK(arcpool_stream_unregister(alloc_, s));
+    destroy_app_stream(s);
+  }
+  EXPECT_EQ(size_t{ARCPOOL_STREAM_STATS_ROWS} - 3, rows().size()) << "one row per stream";
 }
 
 TEST_P(StreamStats, StreamsBeyondTheTableShareTheOtherRow) {

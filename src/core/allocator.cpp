@@ -157,7 +157,7 @@ arcpool_status_t allocator::create_stream(stream_handle* out) {
     driver_->stream_destroy(s);
     return status;
   }
-  streams_.add(std::make_unique<stream_entry>(s, id, /*created=*/true, stream_stats_));
+  streams_.add(std::make_unique<stream_entry>(s, id, /*created=*/true), stream_stats_);
   *out = s;
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -204,7 +204,7 @@ arcpool_status_t allocator::register_stream(stream_handle s) {
                 static_cast<void*>(s));
   }
   if (ref.entry) return ARCPOOL_STATUS_SUCCESS;  // already known
-  streams_.add(std::make_unique<stream_entry>(s, ref.id, /*created=*/false, stream_stats_));
+  streams_.add(std::make_unique<stream_entry>(s, ref.id, /*created=*/false), stream_stats_);
   return ARCPOOL_STATUS_SUCCESS;
 }
 

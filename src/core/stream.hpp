@@ -24,13 +24,9 @@ namespace arcpool::detail {
 /// first records a final fence covering everything queued on it so far.
 class stream_entry {
  public:
-  /// Takes the stream's statistics row from `rows` (its own, guarded by its cache's lock, or
-  /// the other-streams row once every row is taken).
-  stream_entry(stream_handle handle, uint64_t id, bool created, stream_stats_table& rows)
-      : handle_(handle),
-        id_(id),
-        created_(created),
-        stats_(rows.take(handle, id, cache_.guard())) {}
+  /// An entry without a statistics row: it takes one when the registry adds it (take_row).
+  stream_entry(stream_handle handle, uint64_t id, bool created)
+      : handle_(handle), id_(id), created_(created) {}
 
   stream_handle handle() const noexcept { return handle_; }
   uint64_t id() const noexcept { return id_; }
@@ -38,6 +34,13 @@ class stream_entry {
   bool created() const noexcept { return created_; }
   /// The statistics row its allocations count on (design.md §11).
   stream_stats& stats() const noexcept { return *stats_; }
+  /// Takes the stream's statistics row from `rows`: its own, guarded by its cache's lock, or the
+  /// other-streams row once every row is taken. Called once, by stream_registry::add when the
+  /// entry joins the registry (before any other thread can find it), so that an entry that lost
+  /// a registration race leaves no row behind.
+  void take_row(stream_stats_table& rows) noexcept {
+    stats_ = rows.take(handle_, id_, cache_.guard());
+  }
 
   /// Runs `fn(handle)` while the stream is provably alive (retirement waits for it) and returns
   /// its status; returns nullopt without running it once retired (no status of `fn` can be
@@ -71,7 +74,7 @@ class stream_entry {
   const stream_handle handle_;
   const uint64_t id_;
   const bool created_;
-  stream_stats* const stats_;
+  stream_stats* stats_ = nullptr;  ///< set by take_row, under the registry's lock
   /// Held shared by every enqueue while alive, exclusively by retirement (a pthread rwlock pair
   /// cost transfer about 60 instructions under callgrind).
   shared_spinlock mutex_;
@@ -129,18 +132,16 @@ class stream_registry {
     return it == entries_.end() ? nullptr : it->second.get();
   }
 
-  /// Adds `entry`; returns false if its identity is already present (a registration racing
-  /// another), keeping `entry` in the graveyard: its statistics row may point at its cache.
-  bool add(std::unique_ptr<stream_entry> entry) {
+  /// Adds `entry`, which takes its statistics row from `rows`; returns false if its identity
+  /// is already present (a registration racing another), and then `entry` is destroyed with no
+  /// row taken.
+  bool add(std::unique_ptr<stream_entry> entry, stream_stats_table& rows) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
-    const uint64_t id = entry->id();
-    const bool added = entries_.try_emplace(id, std::move(entry)).second;
-    if (added) {
-      stamp_.store(next_stamp(), std::memory_order_release);
-    } else {
-      graveyard_.push_back(std::move(entry));  // try_emplace left it unmoved
-    }
-    return added;
+    const auto [it, added] = entries_.try_emplace(entry->id(), std::move(entry));
+    if (!added) return false;  // try_emplace left `entry` unmoved: no one saw it
+    it->second->take_row(rows);
+    stamp_.store(next_stamp(), std::memory_order_release);
+    return true;
   }
 
   /// Removes the entry of `id` (kept alive in the graveyard); returns whether it was present.
