@@ -134,12 +134,40 @@ TEST_P(StreamStats, TheRowsAddUpToTheAllocatorsTotals) {
   EXPECT_EQ(total.cross_stream_frees, sum.cross_stream_frees);
   EXPECT_EQ(total.deferred_frees, sum.deferred_frees);
   EXPECT_NE(0u, sum.cross_stream_frees);
-  EXPECT_NE(0u, row_of(nullptr, /*other=*/true).allocations) << "unknown and legacy streams";
+  EXPECT_NE(0u, row_of(nullptr, /*other=*/true).allocations) << "the unknown stream's";
   for (arcpool_allocation_t* h : live)
     free_on(h, nullptr, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE);
   sync(nullptr);
   EXPECT_OK(arcpool_stream_unregister(alloc_, registered));
   EXPECT_EQ(1u, row_of(registered).retired) << "a retired stream keeps its row";
+}
+
+TEST_P(StreamStats, TheLegacyDefaultStreamHasARowOfItsOwnFromItsFirstUse) {
+  // PyTorch's and CuPy's default stream: a row with a NULL stream that is not the other row,
+  // taken when the stream is first used, and counted like a created stream's, on the fast path
+  // (the hit and the free into its cache) as on the general one.
+  EXPECT_EQ(1u, rows().size()) << "no row before its first use";
+  arcpool_stream_t unknown = make_app_stream();
+  for (int i = 0; i < 3; ++i)
+    free_on(allocate(kSmall, nullptr), nullptr);
+  arcpool_allocation_t* big = allocate(kBig, nullptr);
+  free_on(allocate(kSmall, unknown), unknown);
+  ASSERT_EQ(2u, rows().size());
+  arcpool_stream_stats_t legacy = row_of(nullptr);
+  EXPECT_EQ(0u, legacy.other);
+  EXPECT_EQ(4u, legacy.allocations);
+  EXPECT_EQ(2u, legacy.cache_hits);
+  EXPECT_EQ(kBig, legacy.bytes_in_use_current);
+  EXPECT_EQ(kBig, legacy.bytes_in_use_peak);
+  const arcpool_stream_stats_t other = row_of(nullptr, /*other=*/true);
+  EXPECT_EQ(1u, other.allocations) << "only the unknown stream's";
+  EXPECT_EQ(0u, other.bytes_in_use_current);
+  free_on(big, nullptr);
+  sync(nullptr);
+  finish_reclaims();
+  legacy = row_of(nullptr);
+  EXPECT_EQ(0u, legacy.bytes_in_use_current);
+  EXPECT_EQ(0u, stats().bytes_in_use_current);
 }
 
 TEST_P(StreamStats, TwoThreadsRegisteringOneStreamLeaveOneRow) {

@@ -827,14 +827,15 @@ ARCPOOL_API arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* alloc
                                                 size_t capacity, size_t* out_length);
 
 /** Streams with a statistics row of their own: the first this many created or registered with
- * an allocator (rows are never reused); every other stream counts on the other-streams row. */
+ * an allocator, or the legacy default stream from its first use (rows are never reused); every
+ * other stream counts on the other-streams row. */
 #define ARCPOOL_STREAM_STATS_ROWS 64
 
 /** One row of statistics per stream (arcpool_stream_stats_list). An allocation counts on the
  * row of its origin stream. The figures are exact, and the rows add up to arcpool_stats_t's
  * bytes_in_use_current, allocations, cache_hits, cross_stream_frees and deferred_frees. */
 typedef struct arcpool_stream_stats_t {
-  arcpool_stream_t stream;       /**< the stream (NULL on the other-streams row) */
+  arcpool_stream_t stream;       /**< the stream (NULL on the legacy stream's and other rows) */
   uint64_t stream_id;            /**< its identity (cudaStreamGetId on CUDA; 0 on the other row) */
   uint32_t other;                /**< 1 on the row of every stream without a row of its own */
   uint32_t retired;              /**< 1 once the stream was destroyed or unregistered */

@@ -73,9 +73,9 @@ def stats(device=0):
 
 def stream_stats(device=0):
     """Statistics per stream of `device`'s default allocator: one dict per stream with a row of
-    its own (its handle as "stream", "stream_id", "retired"), then the row of every other
-    stream ("other": 1), each with bytes_in_use_current, bytes_in_use_peak, allocations,
-    cache_hits, cross_stream_frees and deferred_frees."""
+    its own (its handle as "stream", 0 for the legacy default stream, "stream_id", "retired"),
+    then the row of every other stream ("other": 1), each with bytes_in_use_current,
+    bytes_in_use_peak, allocations, cache_hits, cross_stream_frees and deferred_frees."""
     return json.loads(_stats_json(device))["streams"]
 
 

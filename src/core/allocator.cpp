@@ -117,6 +117,10 @@ arcpool_status_t allocator::resolve_stream_slow(stream_handle s, stream_ref* out
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s, &capturing));
   if (capturing) return resolve_capturing_stream(s, out);
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_id(s, &out->id));
+  if (out->kind == stream_kind::legacy_default) {
+    // Its statistics row, before anything counts on it: every legacy stream_ref comes from here.
+    stream_stats_.take_legacy(legacy_default_stream(), out->id, legacy_cache_.guard());
+  }
   out->entry = out->kind == stream_kind::application ? streams_.find(out->id) : nullptr;
   if (out->kind == stream_kind::application && out->entry == nullptr) {
     // Known streams were checked once, when created or registered. A default stream handle

@@ -63,9 +63,11 @@ class allocator {
   arcpool_status_t destroy_stream(stream_handle s);
   arcpool_status_t register_stream(stream_handle s);
   arcpool_status_t unregister_stream(stream_handle s);
-  /// The statistics row of stream `s` (its own, or the other-streams row).
+  /// The statistics row of stream `s`: a known stream's or the legacy default stream's own, or
+  /// the other-streams row.
   stream_stats& stream_stats_of(const stream_ref& s) noexcept {
-    return s.entry != nullptr ? s.entry->stats() : stream_stats_.other();
+    if (s.entry != nullptr) return s.entry->stats();
+    return s.kind == stream_kind::legacy_default ? stream_stats_.legacy() : stream_stats_.other();
   }
   /// The per-stream rows (arcpool_stream_stats_list).
   size_t read_stream_stats(void* rows, size_t row_size, size_t capacity) const noexcept {

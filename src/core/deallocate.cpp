@@ -353,7 +353,7 @@ arcpool_status_t allocator::deallocate(allocation& a, stream_handle s, uint32_t 
         } else if (a.current.kind == stream_kind::legacy_default &&
                    a.placement.origin.kind == stream_kind::legacy_default) {
           cache = &legacy_cache_;
-          row = &stream_stats_.other();
+          row = &stream_stats_.legacy();
         }
         if (cache != nullptr) {
           bool capturing = false;

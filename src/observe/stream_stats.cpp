@@ -18,6 +18,19 @@ void stream_stats::read(arcpool_stream_stats_t* out) const noexcept {
 stream_stats* stream_stats_table::take(arcpool_stream_t handle, uint64_t id,
                                        spinlock& guard) noexcept {
   std::lock_guard<std::mutex> lock(take_mutex_);
+  return take_locked(handle, id, guard);
+}
+
+void stream_stats_table::take_legacy_slow(arcpool_stream_t handle, uint64_t id,
+                                          spinlock& guard) noexcept {
+  std::lock_guard<std::mutex> lock(take_mutex_);
+  if (legacy_taken_.load(std::memory_order_relaxed)) return;  // another thread's resolve
+  legacy_.store(take_locked(handle, id, guard), std::memory_order_release);
+  legacy_taken_.store(true, std::memory_order_release);
+}
+
+stream_stats* stream_stats_table::take_locked(arcpool_stream_t handle, uint64_t id,
+                                              spinlock& guard) noexcept {
   const size_t i = taken_.load(std::memory_order_relaxed);
   if (i == kRows) return &other_;
   owners_[i].handle = handle;

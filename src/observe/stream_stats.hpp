@@ -132,6 +132,14 @@ class stream_stats_table {
   stream_stats* take(arcpool_stream_t handle, uint64_t id, spinlock& guard) noexcept;
   /// The row of every stream without one of its own.
   stream_stats& other() noexcept { return other_; }
+  /// Gives the legacy default stream (`handle`, `id`) a row of its own, guarded by `guard` (its
+  /// cache's lock), if one is left: called when an allocator resolves the stream, so before any
+  /// allocation counts on it. Once per table; later calls return at one load.
+  void take_legacy(arcpool_stream_t handle, uint64_t id, spinlock& guard) noexcept {
+    if (!legacy_taken_.load(std::memory_order_acquire)) take_legacy_slow(handle, id, guard);
+  }
+  /// The legacy default stream's row: other() until take_legacy gave it one of its own.
+  stream_stats& legacy() noexcept { return *legacy_.load(std::memory_order_acquire); }
   /// Marks the stream of `row` retired (no effect on other()).
   void retire(const stream_stats* row) noexcept;
 
@@ -148,11 +156,17 @@ class stream_stats_table {
     uint64_t id = 0;
     std::atomic<bool> retired{false};
   };
+  /// take, with take_mutex_ held.
+  stream_stats* take_locked(arcpool_stream_t handle, uint64_t id, spinlock& guard) noexcept;
+  void take_legacy_slow(arcpool_stream_t handle, uint64_t id, spinlock& guard) noexcept;
+
   stream_stats rows_[kRows];
   owner owners_[kRows];
   std::mutex take_mutex_;
   std::atomic<size_t> taken_{0};  ///< rows handed out; a row's owner is written before it counts
   stream_stats other_;
+  std::atomic<stream_stats*> legacy_{&other_};  ///< set before legacy_taken_
+  std::atomic<bool> legacy_taken_{false};
 };
 
 }  // namespace arcpool::detail
