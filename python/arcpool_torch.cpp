@@ -79,6 +79,8 @@ ARCPOOL_TORCH_API void arcpool_torch_empty_cache() {
 }
 
 /// torch.cuda.set_per_process_memory_fraction: a hard limit enforced by arcpool's counter.
+/// PyTorch takes any fraction in [0, 1]; one that rounds to 0 bytes allows no new pool memory,
+/// as with PyTorch's own allocator (arcpool's hard limit 0 means no limit, so it becomes 1 byte).
 ARCPOOL_TORCH_API void arcpool_torch_set_memory_fraction(double fraction, int device) {
   arcpool_allocator_t* a = nullptr;
   size_t total = 0;
@@ -86,5 +88,6 @@ ARCPOOL_TORCH_API void arcpool_torch_set_memory_fraction(double fraction, int de
       arcpool_allocator_device_memory(a, &total) != ARCPOOL_STATUS_SUCCESS) {
     raise("set_memory_fraction failed");
   }
-  arcpool_allocator_set_hard_limit(a, static_cast<size_t>(fraction * static_cast<double>(total)));
+  const auto limit = static_cast<size_t>(fraction * static_cast<double>(total));
+  arcpool_allocator_set_hard_limit(a, limit == 0 ? 1 : limit);
 }

@@ -4,6 +4,8 @@
 // (tests/python/test_torch.py).
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "conformance/conformance.hpp"
 
 extern "C" {
@@ -11,6 +13,7 @@ void* arcpool_torch_malloc(size_t size, int device, cudaStream_t stream);
 void arcpool_torch_free(void* ptr, size_t size, int device, cudaStream_t stream);
 void arcpool_torch_record_stream(void* ptr, cudaStream_t stream);
 void arcpool_torch_empty_cache();
+void arcpool_torch_set_memory_fraction(double fraction, int device);
 }
 
 namespace conformance {
@@ -41,6 +44,23 @@ TEST_F(TorchShim, RecordStreamCoversSideWorkQueuedBeforeTheFree) {
   EXPECT_EQ("", take_simcuda_violations());
   cudaStreamDestroy(main_stream);
   cudaStreamDestroy(side);
+}
+
+TEST_F(TorchShim, AMemoryFractionOfZeroAllowsNoNewMemory) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // torch.cuda.set_per_process_memory_fraction(0.0): PyTorch's own allocator then fails every
+  // allocation that needs new memory. arcpool's hard limit of 0 would mean no limit at all.
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  arcpool_torch_empty_cache();  // nothing cached from earlier tests
+  arcpool_torch_set_memory_fraction(0.0, 0);
+  EXPECT_THROW(arcpool_torch_malloc(size_t{1} << 20, 0, s), std::runtime_error);
+  arcpool_torch_set_memory_fraction(1.0, 0);
+  void* p = arcpool_torch_malloc(size_t{1} << 20, 0, s);
+  EXPECT_NE(nullptr, p);
+  arcpool_torch_free(p, size_t{1} << 20, 0, s);
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  cudaStreamDestroy(s);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ CallbackMemoryResource as slow, so this suits RMM-based tools and tests more tha
 code hands `arcpool::memory_resource` to RMM directly (include/arcpool/resource.hpp).
 """
 import ctypes
+import sys
 
 from . import _lib
 
@@ -24,10 +25,14 @@ def _stream_handle(stream):
 def memory_resource(device=0):
     """An rmm.mr.CallbackMemoryResource that allocates from `device`'s default arcpool allocator,
     stream-ordered on the stream of each call. A failed allocation raises MemoryError with
-    arcpool's reason."""
+    arcpool's reason; zero bytes give a null pointer, as RMM's own resources. A failed free is
+    written to stderr and not raised: RMM calls it from C++ destructors, where an exception
+    cannot go anywhere (it would stay pending, or end the process)."""
     import rmm.mr
 
     def allocate(size, stream):
+        if size == 0:
+            return 0
         pointer = _lib.lib.arcpool_malloc_async(size, device,
                                                 ctypes.c_void_p(_stream_handle(stream)))
         if not pointer:
@@ -35,9 +40,13 @@ def memory_resource(device=0):
         return pointer
 
     def deallocate(pointer, size, stream):
-        _lib.check(_lib.lib.arcpool_free_async(ctypes.c_void_p(pointer), size, device,
-                                               ctypes.c_void_p(_stream_handle(stream))),
-                   "arcpool_free_async")
+        if pointer == 0:
+            return
+        status = _lib.lib.arcpool_free_async(ctypes.c_void_p(pointer), size, device,
+                                             ctypes.c_void_p(_stream_handle(stream)))
+        if status != 0:
+            sys.stderr.write(f"arcpool.rmm: free of {pointer:#x} ({size} bytes) failed: "
+                             f"{_lib.lib.arcpool_last_error().decode()}\n")
 
     return rmm.mr.CallbackMemoryResource(allocate, deallocate)
 

@@ -25,6 +25,15 @@ allocation.
 CUDA graph capture is not supported yet: PyTorch's graph-pool hooks take C++ types and need a
 shim built against libtorch. An allocation on a capturing stream raises RuntimeError with
 arcpool's UNSUPPORTED message, never an out-of-memory.
+
+Limits of any pluggable allocator, from PyTorch's CUDAPluggableAllocator (not yet run on a GPU
+with arcpool):
+- arcpool's out-of-memory reaches Python as RuntimeError with arcpool's message, not
+  torch.cuda.OutOfMemoryError: PyTorch turns only c10::OutOfMemoryError into that type, and the
+  shim does not link libtorch. Code that catches OutOfMemoryError to back off will not see it.
+- torch.backends.cudnn.benchmark = True makes convolutions ask the allocator for its largest
+  cached block (cacheInfo), which CUDAPluggableAllocator refuses with "does not yet support
+  cacheInfo"; keep benchmark mode off.
 """
 import collections
 import ctypes

@@ -63,6 +63,23 @@ class RmmResource(unittest.TestCase):
             self.rmm.DeviceBuffer(size=1 << 62, mr=self.mr)
         self.assertIn("arcpool:", str(caught.exception))
 
+    def test_zero_bytes_are_a_null_pointer_as_rmms_own_resources_give(self):
+        before = arcpool.stats()["arcpool.allocations"]
+        self.assertEqual(0, self.mr.allocate(0))
+        self.mr.deallocate(0, 0)
+        self.assertEqual(before, arcpool.stats()["arcpool.allocations"])
+
+    def test_a_failed_free_is_reported_on_stderr_not_raised(self):
+        # RMM calls deallocate from C++ destructors: an exception has nowhere to go there.
+        import contextlib
+        import io
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.mr.deallocate(0x1234, 16)
+        self.assertIn("arcpool.rmm: free of 0x1234 (16 bytes) failed", err.getvalue())
+        self.assertIn("0x1234", err.getvalue().split("failed:")[1], "arcpool's reason")
+
     @unittest.skipUnless(arcpool.DRIVER == "cuda", "an RMM stream needs a GPU")
     def test_a_buffer_on_an_rmm_stream(self):
         from rmm.pylibrmm.stream import Stream
