@@ -199,6 +199,31 @@ TEST(Ipc, TheHostDriverSharesNoMemory) {
   arcpool_allocator_destroy(a);
 }
 
+TEST(Ipc, AShareablePoolMakesNoGraphAllocationsAndLeavesTheCaptureIntact) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  // CUDA's graph allocation nodes take the pool's properties and support no IPC
+  // (cudaMemAllocNodeParams): refused before any CUDA call, so the capture goes on.
+  arcpool_allocator_t* a = exporting_allocator();
+  ASSERT_NE(nullptr, a);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  const auto cs = static_cast<cudaStream_t>(s);
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  arcpool_allocation_t* h = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "CUDA's graph allocations support no IPC"))
+      << arcpool_last_error();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaSuccess, cudaStreamIsCapturing(cs, &status));
+  EXPECT_EQ(cudaStreamCaptureStatusActive, status);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(cs, &graph));
+  cudaGraphDestroy(graph);
+  EXPECT_EQ("", take_simcuda_violations());
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+}
+
 TEST(Ipc, NullAndBadArgumentsAreRefused) {
   arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_HOST, ARCPOOL_POOL_OWNED, 0);
   arcpool_ipc_exporter_t* e = nullptr;

@@ -80,7 +80,18 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
     p.made_by.lender = lender;
     lender->retain();
   } else {
-    // A graph allocation node. No hard limit and no out-of-memory retry: it is the graph's.
+    // A graph allocation node. No hard limit and no out-of-memory retry: it is the graph's. It
+    // takes its parameters from the pool (cudaMallocFromPoolAsync: "The memory pool's
+    // properties are used to set the node's creation parameters"), and a node's "handleTypes
+    // must be cudaMemHandleTypeNone. IPC is not supported" (cudaMemAllocNodeParams).
+    if (size != 0 && config_.driver.ipc_handle_types != 0) {
+      return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                  "allocate on capturing stream %p: this allocator's pool is shareable between "
+                  "processes (ipc_handle_types 0x%x), and CUDA's graph allocations support no "
+                  "IPC; allocate from a graph pool (arcpool_graph_pool_create), or from an "
+                  "allocator without IPC handle types",
+                  static_cast<void*>(origin.handle), config_.driver.ipc_handle_types);
+    }
     p.made_by.capture_id = capture.id;
     if (size != 0) {
       p.held_bytes = padded;

@@ -146,12 +146,14 @@ TEST_F(Capture, AQueryOfAnEventRecordedInACaptureIsRefused) {
   cudaStreamDestroy(s);
 }
 
-cudaMemPool_t make_pool(size_t max_size) {
+cudaMemPool_t make_pool(size_t max_size,
+                        cudaMemAllocationHandleType handle_types = cudaMemHandleTypeNone) {
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = 0;
   props.maxSize = max_size;
+  props.handleTypes = handle_types;
   cudaMemPool_t pool = nullptr;
   EXPECT_EQ(cudaSuccess, cudaMemPoolCreate(&pool, &props));
   return pool;
@@ -173,6 +175,24 @@ TEST_F(Pools, AMaximumSizeIsAHardLimit) {
   EXPECT_GE(attribute(pool, cudaMemPoolAttrUsedMemCurrent), uint64_t{1} << 20);
   EXPECT_EQ(cudaSuccess, cudaFreeAsync(p, s));
   EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  cudaStreamDestroy(s);
+  cudaMemPoolDestroy(pool);
+}
+
+// cudaMallocFromPoolAsync: "During stream capture, this function results in the creation of an
+// allocation node. [...] The memory pool's properties are used to set the node's creation
+// parameters." cudaMemAllocNodeParams: "handleTypes must be cudaMemHandleTypeNone. IPC is not
+// supported." The error code is not documented: any failure passes.
+TEST_F(Pools, AShareablePoolMakesNoGraphAllocation) {
+  cudaMemPool_t pool = make_pool(0, cudaMemHandleTypePosixFileDescriptor);
+  cudaStream_t s = make_stream();
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  void* p = nullptr;
+  EXPECT_NE(cudaSuccess, cudaMallocFromPoolAsync(&p, size_t{1} << 20, pool, s));
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(s, &graph);  // invalidated or not: undocumented
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();
   cudaStreamDestroy(s);
   cudaMemPoolDestroy(pool);
 }

@@ -467,7 +467,14 @@ cudaError_t malloc_async(void** out, size_t bytes, cudaMemPool_t handle, cudaStr
   // allocations. As such imported memory pools may not be used in cudaDeviceSetMemPool or
   // cudaMallocFromPoolAsync calls."
   if (pool == nullptr || pool->imported) return ret(cudaErrorInvalidValue);
-  if (s->capture != nullptr) return ret(capture_allocation(*s, bytes, call, out));
+  if (s->capture != nullptr) {
+    // cudaMallocFromPoolAsync: "During stream capture, this function results in the creation
+    // of an allocation node. [...] The memory pool's properties are used to set the node's
+    // creation parameters." cudaMemAllocNodeParams: "handleTypes must be
+    // cudaMemHandleTypeNone. IPC is not supported." (The error code is not documented.)
+    if (pool->handle_types != 0) return ret(cudaErrorInvalidValue);
+    return ret(capture_allocation(*s, bytes, call, out));
+  }
   cudaError_t e = cudaSuccess;
   if (capture_node(*s, call, &e)) return ret(e);
   return ret(pool_allocate(*pool, bytes, *s, call, out));
