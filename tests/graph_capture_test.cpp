@@ -326,6 +326,44 @@ TEST_P(GraphCapture, AGlobalCaptureOnAnotherThreadIsNotBrokenByArcpoolsCalls) {
   finish_reclaims();
 }
 
+TEST_P(GraphCapture, PoolCallsRunRelaxedUnderAGlobalCaptureOnAnotherThread) {
+  // Reading the statistics (pool attributes), resetting the peaks, and creating and destroying
+  // an allocator with its owned pool, while another thread's global capture is open. NVIDIA's
+  // CCCL refuses pool calls to a capturing thread unless relaxed; simcuda warns (an unverified
+  // rule) for each one made unrelaxed, and on a GPU the capture would be invalidated.
+  arcpool_stream_t captured = make_stream();
+  cudaError_t ended = cudaErrorUnknown;
+  std::atomic<int> step{0};
+  std::thread capturer([&] {
+    cudaSetDevice(0);
+    EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(cu(captured), cudaStreamCaptureModeGlobal));
+    step = 1;
+    while (step.load() != 2)
+      std::this_thread::yield();
+    cudaGraph_t graph = nullptr;
+    ended = cudaStreamEndCapture(cu(captured), &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  });
+  while (step.load() != 1)
+    std::this_thread::yield();
+  const uint64_t warnings = simcuda_unverified_warnings();
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  EXPECT_OK(arcpool_stats_get(alloc_, &st));
+  EXPECT_OK(arcpool_stats_reset_peaks(alloc_));
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_CUDA;
+  options.pool_source = ARCPOOL_POOL_OWNED;
+  arcpool_allocator_t* other = nullptr;
+  EXPECT_OK(arcpool_allocator_create(&options, &other));
+  arcpool_allocator_destroy(other);
+  EXPECT_EQ(warnings, simcuda_unverified_warnings()) << "a pool call made unrelaxed";
+  step = 2;
+  capturer.join();
+  EXPECT_EQ(cudaSuccess, ended) << "the capture was invalidated by an arcpool call";
+}
+
 TEST_P(GraphCapture, TheByPointerPathAllocatesAndFreesGraphMemoryInTheCapture) {
   arcpool_stream_t s = make_stream();
   host_bytes host;

@@ -111,7 +111,10 @@ class device_guard {
 
 /// Relaxed stream-capture mode for the scope. Queries and synchronizations are "potentially
 /// unsafe" calls: in the default (global) mode they would fail, and invalidate the capture,
-/// while any thread captures a graph. arcpool's own calls never touch a capturing stream.
+/// while any thread captures a graph. arcpool's own calls never touch a capturing stream. Pool
+/// calls (create, destroy, attributes, trim) run relaxed too: the Runtime API does not list
+/// them, but NVIDIA's CCCL does the same because "reading or writing a pool attribute is refused
+/// while the calling thread is capturing" (NVIDIA/cccl PR 11360).
 class relaxed_capture_guard {
  public:
   relaxed_capture_guard() { cudaThreadExchangeStreamCaptureMode(&previous_); }
@@ -148,6 +151,7 @@ class cuda_driver final : public driver {
     if (owned_ && !process_exiting()) {
       device_guard guard(device_, primary_);
       if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // the pool goes with the process
+      relaxed_capture_guard relaxed;
       cudaMemPoolDestroy(pool_);  // returns at once; released when its memory is all freed
     }
   }
@@ -375,6 +379,7 @@ class cuda_driver final : public driver {
     if (process_exiting()) return f;
     device_guard guard(device_, primary_);
     if (guard.status() != ARCPOOL_STATUS_SUCCESS) return pool_figures{};
+    relaxed_capture_guard relaxed;
     uint64_t value = 0;
     bool failed = false;
     auto read = [&](cudaMemPoolAttr attr, uint64_t* out) {
@@ -395,6 +400,7 @@ class cuda_driver final : public driver {
     if (process_exiting()) return;
     device_guard guard(device_, primary_);
     if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // nothing to undo
+    relaxed_capture_guard relaxed;
     // driver_types.h, cudaMemPoolAttrReservedMemHigh: "High watermark can only be reset to
     // zero"; the pool then restarts it at its current reservation.
     uint64_t zero = 0;
@@ -503,6 +509,7 @@ class cuda_driver final : public driver {
     if (process_exiting()) return;
     device_guard guard(device_, primary_);
     if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // the pool goes with the process
+    relaxed_capture_guard relaxed;
     cudaMemPoolDestroy(static_cast<cudaMemPool_t>(pool));
   }
 
@@ -685,6 +692,7 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
     return nullptr;
   }
   cudaMemPool_t pool = nullptr;
+  relaxed_capture_guard relaxed;  // creating the pool: pool calls
   switch (config.pool_source) {
     case ARCPOOL_POOL_OWNED:
       *status = create_owned_pool(config, &pool);

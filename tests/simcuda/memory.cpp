@@ -793,6 +793,7 @@ cudaError_t cudaDeviceGetMemPool(cudaMemPool_t* out, int device) {
 
 cudaError_t cudaMemPoolCreate(cudaMemPool_t* out, const cudaMemPoolProps* props) {
   SIMCUDA_ENTER("cudaMemPoolCreate");
+  check_unsafe_unverified("cudaMemPoolCreate");  // CCCL refuses it to a capturing thread
   if (out == nullptr || props == nullptr) return ret(cudaErrorInvalidValue);
   if (props->allocType != cudaMemAllocationTypePinned ||
       props->location.type != cudaMemLocationTypeDevice) {
@@ -813,6 +814,7 @@ cudaError_t cudaMemPoolCreate(cudaMemPool_t* out, const cudaMemPoolProps* props)
 
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t handle) {
   SIMCUDA_ENTER("cudaMemPoolDestroy");
+  check_unsafe_unverified("cudaMemPoolDestroy");  // CCCL refuses it to a capturing thread
   pool_obj* pool = resolve_pool(handle, "cudaMemPoolDestroy");
   if (pool == nullptr) return ret(cudaErrorInvalidValue);
   if (pool->is_default) return ret(cudaErrorInvalidValue);
@@ -828,6 +830,7 @@ cudaError_t cudaMemPoolDestroy(cudaMemPool_t handle) {
 
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t handle, cudaMemPoolAttr attr, void* value) {
   SIMCUDA_ENTER("cudaMemPoolSetAttribute");
+  check_unsafe_unverified("cudaMemPoolSetAttribute");  // CCCL refuses it to a capturing thread
   pool_obj* pool = resolve_pool(handle, "cudaMemPoolSetAttribute");
   if (pool == nullptr || value == nullptr) return ret(cudaErrorInvalidValue);
   switch (attr) {
@@ -859,6 +862,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t handle, cudaMemPoolAttr attr, 
 
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t handle, cudaMemPoolAttr attr, void* value) {
   SIMCUDA_ENTER("cudaMemPoolGetAttribute");
+  check_unsafe_unverified("cudaMemPoolGetAttribute");  // CCCL refuses it to a capturing thread
   pool_obj* pool = resolve_pool(handle, "cudaMemPoolGetAttribute");
   if (pool == nullptr || value == nullptr) return ret(cudaErrorInvalidValue);
   auto u64 = [&](uint64_t v) {

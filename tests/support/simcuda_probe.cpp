@@ -58,6 +58,12 @@ uint64_t simcuda_hidden_waits() {
   return count == nullptr ? 0 : count();
 }
 
+uint64_t simcuda_unverified_warnings() {
+  using count_fn = uint64_t (*)();
+  static const count_fn count = lookup<count_fn>("simcuda_unverified_warnings");
+  return count == nullptr ? 0 : count();
+}
+
 bool simcuda_fail_next(const char* name, int error) {
   using fail_fn = int (*)(const char*, int);
   static const fail_fn fail = lookup<fail_fn>("simcuda_fail_next");

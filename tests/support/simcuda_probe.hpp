@@ -30,6 +30,10 @@ uint64_t simcuda_primary_contexts(int device);
 /// Waits simcuda's pools inserted between streams to reuse memory (0 when not on simcuda).
 uint64_t simcuda_hidden_waits();
 
+/// simcuda's warnings of unverified rules so far, such as a potentially unsafe call while a
+/// capture prohibits them (0 when not on simcuda).
+uint64_t simcuda_unverified_warnings();
+
 /// On simcuda, makes the next call of `name` fail with cudaError_t `error` and returns true;
 /// elsewhere returns false.
 bool simcuda_fail_next(const char* name, int error);
