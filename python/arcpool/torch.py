@@ -164,6 +164,56 @@ def reset_peak_memory_stats(device=None):
     reset_peak_stats(_device_index(device))
 
 
+_SUMMARY_ROWS = (  # (label, key of the current figure, key of its peak, in bytes)
+    ("Allocated memory", "allocated_bytes.all.current", "allocated_bytes.all.peak", True),
+    ("Requested memory", "requested_bytes.all.current", "requested_bytes.all.peak", True),
+    ("GPU reserved memory", "reserved_bytes.all.current", "reserved_bytes.all.peak", True),
+    ("Cached by arcpool", "arcpool.bytes_cached_current", "arcpool.bytes_cached_peak", True),
+    ("Pending free", "arcpool.bytes_pending_free_current", "arcpool.bytes_pending_free_peak",
+     True),
+    ("Allocations", "allocation.all.current", "allocation.all.peak", False),
+)
+_SUMMARY_COUNTS = (("Cache hits", "arcpool.cache_hits"),
+                   ("Out-of-memory retries", "num_alloc_retries"),
+                   ("Out-of-memory failures", "num_ooms"),
+                   ("Cross-stream frees", "arcpool.cross_stream_frees"),
+                   ("Deferred frees", "arcpool.deferred_frees"))
+
+
+def _format_size(n):
+    """Bytes as torch's summary shows them: B below 1 KiB, then KiB, MiB, GiB (rounded down)."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n} {unit}"
+        n //= 1024
+    return f"{n} GiB"
+
+
+def memory_summary(device=None, abbreviated=False):
+    """torch.cuda.memory_summary(device, abbreviated), from arcpool: a table of the figures
+    memory_stats has (torch's own summary reads keys of the native caching allocator, such as
+    large_pool and inactive_split, which no other allocator has). `abbreviated` is accepted and
+    changes nothing: the table is short."""
+    del abbreviated
+    index = _device_index(device)
+    stats = memory_stats(index)
+
+    def row(label, current, peak=""):
+        return f"| {label:<27}| {current:>14} | {peak:>14} |"
+
+    rule = "|" + "-" * 62 + "|"
+    lines = ["|" + "=" * 62 + "|",
+             "|" + f"arcpool memory summary, device ID {index}".center(62) + "|",
+             rule, row("Metric", "Cur Usage", "Peak Usage"), rule]
+    for label, current, peak, in_bytes in _SUMMARY_ROWS:
+        show = _format_size if in_bytes else str
+        lines.append(row(label, show(stats[current]), show(stats[peak])))
+    lines.append(rule)
+    lines.extend(row(label, str(stats[key])) for label, key in _SUMMARY_COUNTS)
+    lines.append("|" + "=" * 62 + "|")
+    return "\n".join(lines) + "\n"
+
+
 def _snapshot(device=None, augment_with_fx_traces=False):
     """torch.cuda.memory._snapshot(device), from arcpool's memory history (arcpool.memory_snapshot:
     PyTorch's dictionary; ARCPOOL_HISTORY=N turns the history on). arcpool records no stack
@@ -184,14 +234,15 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
 
 
 _MEMORY_API = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
-               "max_memory_reserved", "reset_peak_memory_stats")
+               "max_memory_reserved", "reset_peak_memory_stats", "memory_summary")
 _SNAPSHOT_API = ("_snapshot", "_dump_snapshot")  # torch.cuda.memory's only
 _patched = {}
 
 
 def patch_memory_api(cuda=None):
     """Makes torch.cuda's memory_stats, memory_allocated, max_memory_allocated,
-    memory_reserved, max_memory_reserved and reset_peak_memory_stats answer from arcpool, in
+    memory_reserved, max_memory_reserved, reset_peak_memory_stats and memory_summary (torch's
+    own raises KeyError on another allocator's statistics) answer from arcpool, in
     torch.cuda and in torch.cuda.memory (whose own functions call one another there), and
     torch.cuda.memory's _snapshot and _dump_snapshot too. `cuda` is torch.cuda unless given.
     Idempotent; unpatch_memory_api() restores torch's."""

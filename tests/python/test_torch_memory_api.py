@@ -43,6 +43,25 @@ class TorchMemoryApi(unittest.TestCase):
         at.reset_peak_memory_stats(0)
         self.assertEqual(at.memory_allocated(0), at.max_memory_allocated(0))
 
+    def test_the_summary_is_a_table_of_arcpools_figures(self):
+        # torch.cuda.memory_summary reads the native allocator's keys (large_pool, ...): with
+        # any other allocator's statistics it raises KeyError, so arcpool has its own.
+        pointer = _malloc(3 * MIB)
+        try:
+            summary = at.memory_summary(0)
+            lines = summary.splitlines()
+            self.assertEqual(1, len({len(line) for line in lines}), summary)
+            self.assertIn("device ID 0", lines[1])
+            allocated = next(line for line in lines if line.startswith("| Allocated memory"))
+            self.assertEqual(at._format_size(at.memory_allocated(0)),
+                             allocated.split("|")[2].strip())
+            self.assertIn("| Cache hits", summary)
+        finally:
+            _free(pointer, 3 * MIB)
+        self.assertEqual("1023 B", at._format_size(1023))
+        self.assertEqual("3 MiB", at._format_size(3 * MIB + 5))
+        self.assertEqual("2048 GiB", at._format_size(2 << 40))
+
     def test_devices_are_named_as_torch_names_them(self):
         self.assertEqual(at.memory_allocated(0), at.memory_allocated("cuda:0"))
         self.assertEqual(0, at._device_index(types.SimpleNamespace(type="cuda", index=0)))
