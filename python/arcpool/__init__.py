@@ -29,7 +29,6 @@ def driver(device=0):
     return _lib.lib.arcpool_driver_name(_lib.lib.arcpool_auto_driver(device)).decode()
 
 
-DRIVER = driver()
 
 # Keys shared with torch.cuda.memory_stats() where the meaning is the same; every arcpool
 # figure is also given under "arcpool.<name>".
@@ -123,9 +122,16 @@ def dump_snapshot(filename="dump_snapshot.pickle", device=0):
         f.write(data)
 
 
-def __getattr__(name):  # arcpool.torch / .cupy / .rmm load lazily: they need torch / cupy / rmm
+def __getattr__(name):
+    """Names resolved on first use. arcpool.torch / .cupy / .rmm load lazily: they need torch /
+    cupy / rmm. arcpool.DRIVER, the driver device 0 would use ("cuda" or "host"), is asked for
+    then and kept: importing arcpool makes no CUDA call, so a process may import it and then
+    fork workers that use CUDA (a child forked after its parent initialized CUDA cannot)."""
     if name in ("torch", "cupy", "rmm"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)
+    if name == "DRIVER":
+        value = globals()["DRIVER"] = driver()
+        return value
     raise AttributeError(name)

@@ -13,6 +13,21 @@ class ArcpoolPackage(unittest.TestCase):
         self.assertIn(arcpool.DRIVER, ("cuda", "host"))
         self.assertEqual(100, arcpool.VERSION)
 
+    def test_importing_asks_no_driver_until_driver_is_read(self):
+        # The driver query initializes CUDA, and a child forked after that cannot use CUDA
+        # (DataLoader workers): import arcpool and its framework modules without it.
+        code = ("import arcpool, arcpool.torch, arcpool.cupy, arcpool.rmm\n"
+                "print('DRIVER' in vars(arcpool))\n"
+                "print(arcpool.DRIVER)\n"
+                "print('DRIVER' in vars(arcpool))\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True)
+        before, driver, after = out.stdout.split()
+        self.assertEqual(("False", "True"), (before, after))
+        self.assertIn(driver, ("cuda", "host"))
+        with self.assertRaises(AttributeError):
+            arcpool.NO_SUCH_NAME  # noqa: B018
+
     def test_the_environment_overrides_the_driver(self):
         out = subprocess.run(
             [sys.executable, "-c", "import arcpool; print(arcpool.DRIVER)"],
