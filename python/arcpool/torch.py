@@ -236,22 +236,34 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
 _MEMORY_API = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
                "max_memory_reserved", "reset_peak_memory_stats", "memory_summary")
 _SNAPSHOT_API = ("_snapshot", "_dump_snapshot")  # torch.cuda.memory's only
+# torch.accelerator's (and torch.accelerator.memory's), where that torch has them: they read the
+# current allocator's device statistics, which a pluggable allocator refuses.
+_ACCELERATOR_API = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+                    "max_memory_reserved", "reset_peak_memory_stats")
 _patched = {}
 
 
-def patch_memory_api(cuda=None):
+def patch_memory_api(cuda=None, accelerator=None):
     """Makes torch.cuda's memory_stats, memory_allocated, max_memory_allocated,
     memory_reserved, max_memory_reserved, reset_peak_memory_stats and memory_summary (torch's
     own raises KeyError on another allocator's statistics) answer from arcpool, in
     torch.cuda and in torch.cuda.memory (whose own functions call one another there), and
-    torch.cuda.memory's _snapshot and _dump_snapshot too. `cuda` is torch.cuda unless given.
-    Idempotent; unpatch_memory_api() restores torch's."""
+    torch.cuda.memory's _snapshot and _dump_snapshot too; and the same functions of
+    torch.accelerator and torch.accelerator.memory, those that this torch has. `cuda` is
+    torch.cuda and `accelerator` torch.accelerator unless `cuda` is given. Idempotent;
+    unpatch_memory_api() restores torch's."""
     if cuda is None:
         import torch
 
         cuda = torch.cuda
+        accelerator = getattr(torch, "accelerator", None)
     ours = globals()
-    for namespace, names in ((cuda, _MEMORY_API), (cuda.memory, _MEMORY_API + _SNAPSHOT_API)):
+    targets = [(cuda, _MEMORY_API), (cuda.memory, _MEMORY_API + _SNAPSHOT_API)]
+    if accelerator is not None:  # an older torch has fewer of these, or none
+        for namespace in (accelerator, getattr(accelerator, "memory", None)):
+            if namespace is not None:
+                targets.append((namespace, [n for n in _ACCELERATOR_API if hasattr(namespace, n)]))
+    for namespace, names in targets:
         for name in names:
             current = getattr(namespace, name)
             if current is ours[name]:

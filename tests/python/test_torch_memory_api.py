@@ -99,6 +99,29 @@ class TorchMemoryApi(unittest.TestCase):
             for name in patched:
                 self.assertIs(originals[name], getattr(namespace, name), name)
 
+    def test_the_patch_covers_torch_accelerator_where_it_has_the_functions(self):
+        def native(device=None):
+            raise RuntimeError("a pluggable allocator has no device statistics")
+
+        cuda_names = at._MEMORY_API + at._SNAPSHOT_API
+        memory = types.SimpleNamespace(**{name: native for name in cuda_names})
+        cuda = types.SimpleNamespace(memory=memory, **{name: native for name in at._MEMORY_API})
+        # An accelerator module with only some of the functions (an older torch).
+        accelerator_memory = types.SimpleNamespace(memory_stats=native, memory_allocated=native)
+        accelerator = types.SimpleNamespace(memory=accelerator_memory,
+                                            memory_allocated=native)
+        at.patch_memory_api(cuda, accelerator)
+        try:
+            self.assertIs(at.memory_allocated, accelerator.memory_allocated)
+            self.assertIs(at.memory_stats, accelerator_memory.memory_stats)
+            self.assertIs(at.memory_allocated, accelerator_memory.memory_allocated)
+            self.assertFalse(hasattr(accelerator, "memory_stats"), "nothing added")
+            self.assertEqual(at.memory_allocated(0), accelerator.memory_allocated(0))
+        finally:
+            at.unpatch_memory_api()
+        self.assertIs(native, accelerator.memory_allocated)
+        self.assertIs(native, accelerator_memory.memory_stats)
+
     @unittest.skipUnless(importlib.util.find_spec("torch"), "PyTorch is not installed here")
     def test_the_patch_on_torch_itself(self):
         import torch
@@ -109,6 +132,8 @@ class TorchMemoryApi(unittest.TestCase):
             self.assertIs(at.memory_allocated, torch.cuda.memory_allocated)
             self.assertIs(at.memory_stats, torch.cuda.memory.memory_stats)
             self.assertIs(at._snapshot, torch.cuda.memory._snapshot)
+            if hasattr(torch, "accelerator") and hasattr(torch.accelerator, "memory_allocated"):
+                self.assertIs(at.memory_allocated, torch.accelerator.memory_allocated)
             self.assertEqual(at.memory_allocated(0), torch.cuda.memory_allocated(0))
         finally:
             at.unpatch_memory_api()
