@@ -32,6 +32,21 @@ class _Block:
         self._stream = None  # the allocation's stream may go now
 
 
+def _failure(cupy, size, device):
+    """The exception for a failed allocation: CuPy's OutOfMemoryError (a MemoryError, which
+    code that backs off on CuPy's out-of-memory catches) with arcpool's reason when arcpool ran
+    out of memory, RuntimeError with arcpool's message otherwise (a capturing stream, a bad
+    device)."""
+    reason = _lib.lib.arcpool_last_error().decode()
+    if not reason.startswith("ARCPOOL_STATUS_OUT_OF_MEMORY"):
+        return RuntimeError("arcpool: " + reason)
+    from . import stats
+
+    error = cupy.cuda.memory.OutOfMemoryError(size, stats(device)["allocated_bytes.all.current"])
+    error.args = (f"{error.args[0]}; arcpool: {reason}",)
+    return error
+
+
 def install():
     """Makes arcpool CuPy's allocator (cupy.cuda.set_allocator). Returns the malloc function."""
     global _installed
@@ -45,7 +60,7 @@ def install():
         stream = cupy.cuda.get_current_stream()
         pointer = _lib.lib.arcpool_malloc_async(size, device, stream.ptr)
         if not pointer:
-            raise MemoryError("arcpool: " + _lib.lib.arcpool_last_error().decode())
+            raise _failure(cupy, size, device)
         block = _Block(cupy, pointer, size, device, stream)
         return cupy.cuda.memory.MemoryPointer(
             cupy.cuda.memory.UnownedMemory(pointer, size, block, device), 0)

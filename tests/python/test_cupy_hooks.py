@@ -63,9 +63,15 @@ def _fake_cupy():
         def __init__(self, mem, offset):
             self.mem, self.offset = mem, offset
 
+    class OutOfMemoryError(MemoryError):  # cupy.cuda.memory's, with its arguments
+        def __init__(self, size, total, limit=0):
+            super().__init__(f"Out of memory allocating {size:,} bytes "
+                             f"(allocated so far: {total:,} bytes).")
+
     cuda.Device = Device
     cuda.get_current_stream = lambda: _Stream.current or _NullStream()
-    cuda.memory = types.SimpleNamespace(UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer)
+    cuda.memory = types.SimpleNamespace(UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer,
+                                        OutOfMemoryError=OutOfMemoryError)
     cuda.set_allocator = lambda fn: None
     cupy.cuda = cuda
     return cupy
@@ -102,6 +108,16 @@ class CupyHooksOnSimcuda(unittest.TestCase):
         array = self.malloc(1 << 20)
         _Stream.current = None  # the stream object's last reference: CuPy would destroy it here
         del array  # the free runs on the null stream
+        self.assertEqual("", _take_violations())
+
+    def test_running_out_of_memory_is_cupys_out_of_memory_error(self):
+        # Code that backs off on CuPy's out-of-memory catches cupy.cuda.memory.OutOfMemoryError.
+        import cupy
+
+        with self.assertRaises(cupy.cuda.memory.OutOfMemoryError) as caught:
+            self.malloc(1 << 62)
+        self.assertIn("Out of memory allocating", str(caught.exception))
+        self.assertIn("arcpool: ARCPOOL_STATUS_OUT_OF_MEMORY", str(caught.exception))
         self.assertEqual("", _take_violations())
 
     def test_zero_size_arrays_need_no_stream(self):
