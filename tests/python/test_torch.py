@@ -126,6 +126,48 @@ class TorchDropIn(unittest.TestCase):
         """)
         self.assertIn("ok", out)
 
+    def test_the_summary_and_torch_accelerator_answer_from_arcpool_once_patched(self):
+        self.check("""
+            arcpool.torch.install()
+            arcpool.torch.patch_memory_api()
+            x = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+            summary = torch.cuda.memory_summary()
+            assert "arcpool memory summary" in summary, summary
+            if hasattr(torch, "accelerator") and hasattr(torch.accelerator, "memory_allocated"):
+                assert torch.accelerator.memory_allocated() == torch.cuda.memory_allocated()
+            del x
+            arcpool.torch.unpatch_memory_api()
+            print("ok")
+        """)
+
+    def test_storages_made_outside_tensor_factories_come_from_arcpool(self):
+        # PyTorch also allocates through its allocator registry (c10::GetAllocator(kCUDA)),
+        # which a pluggable allocator's swap may not update: such memory would be the native
+        # allocator's, outside arcpool's statistics.
+        self.check("""
+            arcpool.torch.install()
+            before = arcpool.torch.memory_allocated()
+            storage = torch.UntypedStorage(1 << 20, device="cuda")
+            pinned_copy = torch.empty(1 << 20, dtype=torch.uint8).pin_memory().cuda()
+            after = arcpool.torch.memory_allocated()
+            assert after >= before + (2 << 20), (before, after)
+            del storage, pinned_copy
+            print("ok")
+        """)
+
+    def test_memory_fraction_zero_allows_no_new_memory(self):
+        self.check("""
+            arcpool.torch.install()
+            torch.empty(16, device="cuda")  # the allocator exists
+            torch.cuda.set_per_process_memory_fraction(0.0)
+            try:
+                torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+                raise SystemExit("allocated with a memory fraction of 0")
+            except RuntimeError as e:
+                assert "OUT_OF_MEMORY" in str(e), str(e)
+            print("ok")
+        """)
+
     def test_memory_fraction_is_a_hard_limit(self):
         self.check("""
             arcpool.torch.install()
