@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -59,6 +60,46 @@ class GraphCapture : public DriverTest {
   bool is_graph_memory(const arcpool_allocation_t* a) const {
     return (placement(a).flags & ARCPOOL_PLACEMENT_FLAG_GRAPH) != 0;
   }
+};
+
+/// Another thread capturing `s` in global mode, which prohibits potentially unsafe calls on
+/// every thread, from construction until end(); `inside` runs in the capture first.
+class global_capture {
+ public:
+  explicit global_capture(arcpool_stream_t s, std::function<void()> inside = {})
+      : thread_([this, s, inside = std::move(inside)] {
+          cudaSetDevice(0);
+          EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(cu(s), cudaStreamCaptureModeGlobal));
+          if (inside) inside();
+          step_ = 1;
+          while (step_.load() != 2)
+            std::this_thread::yield();
+          cudaGraph_t graph = nullptr;
+          ended_ = cudaStreamEndCapture(cu(s), &graph);
+          if (graph != nullptr) cudaGraphDestroy(graph);
+        }) {
+    while (step_.load() != 1)
+      std::this_thread::yield();
+  }
+  /// Ends the capture if end() did not (a test that stopped at a failed assertion).
+  ~global_capture() {
+    if (thread_.joinable()) end();
+  }
+  global_capture(const global_capture&) = delete;
+  global_capture& operator=(const global_capture&) = delete;
+
+  /// Ends the capture and returns cudaStreamEndCapture's result: cudaErrorStreamCaptureInvalidated
+  /// if a call in the meantime broke it.
+  cudaError_t end() {
+    step_ = 2;
+    thread_.join();
+    return ended_;
+  }
+
+ private:
+  std::atomic<int> step_{0};
+  cudaError_t ended_ = cudaErrorUnknown;
+  std::thread thread_;
 };
 
 /// Page-locked bytes a graph copies into, for the host to verify after each launch.
@@ -292,23 +333,11 @@ TEST_P(GraphCapture, TransfersAndUseRecordsAcrossTheCaptureBoundaryAreRefused) {
 
 TEST_P(GraphCapture, AGlobalCaptureOnAnotherThreadIsNotBrokenByArcpoolsCalls) {
   arcpool_stream_t s = make_stream(), captured = make_stream(), other = make_stream();
-  cudaError_t ended = cudaErrorUnknown;
-  std::atomic<int> step{0};
-  std::thread capturer([&] {
-    cudaSetDevice(0);
-    EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(cu(captured), cudaStreamCaptureModeGlobal));
+  global_capture capture(captured, [&] {
     arcpool_allocation_t* g = allocate(kBytes, captured);
     EXPECT_OK(arcpool_deallocate_async(g, captured, 0));
     arcpool_allocation_release(g);
-    step = 1;
-    while (step.load() != 2)
-      std::this_thread::yield();
-    cudaGraph_t graph = nullptr;
-    ended = cudaStreamEndCapture(cu(captured), &graph);
-    if (graph != nullptr) cudaGraphDestroy(graph);
   });
-  while (step.load() != 1)
-    std::this_thread::yield();
   // Allocations, same-stream and routed frees, fences and the reclaim worker's queries, while
   // the other thread's global capture is open.
   for (int i = 0; i < 20; ++i) {
@@ -318,9 +347,7 @@ TEST_P(GraphCapture, AGlobalCaptureOnAnotherThreadIsNotBrokenByArcpoolsCalls) {
     ASSERT_OK(arcpool_deallocate_async(a, other, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
     arcpool_allocation_release(a);
   }
-  step = 2;
-  capturer.join();
-  EXPECT_EQ(cudaSuccess, ended) << "the capture was invalidated by an arcpool call";
+  EXPECT_EQ(cudaSuccess, capture.end()) << "the capture was invalidated by an arcpool call";
   sync(s);
   sync(other);
   finish_reclaims();
@@ -331,25 +358,9 @@ TEST_P(GraphCapture, PoolCallsRunRelaxedUnderAGlobalCaptureOnAnotherThread) {
   // an allocator with its owned pool, while another thread's global capture is open. NVIDIA's
   // CCCL refuses pool calls to a capturing thread unless relaxed; simcuda warns (an unverified
   // rule) for each one made unrelaxed, and on a GPU the capture would be invalidated.
-  arcpool_stream_t captured = make_stream();
-  cudaError_t ended = cudaErrorUnknown;
-  std::atomic<int> step{0};
-  std::thread capturer([&] {
-    cudaSetDevice(0);
-    EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(cu(captured), cudaStreamCaptureModeGlobal));
-    step = 1;
-    while (step.load() != 2)
-      std::this_thread::yield();
-    cudaGraph_t graph = nullptr;
-    ended = cudaStreamEndCapture(cu(captured), &graph);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-  });
-  while (step.load() != 1)
-    std::this_thread::yield();
+  global_capture capture(make_stream());
   const uint64_t warnings = simcuda_unverified_warnings();
-  arcpool_stats_t st{};
-  st.struct_size = sizeof(st);
-  EXPECT_OK(arcpool_stats_get(alloc_, &st));
+  stats();  // the pool's figures
   EXPECT_OK(arcpool_stats_reset_peaks(alloc_));
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
@@ -359,9 +370,7 @@ TEST_P(GraphCapture, PoolCallsRunRelaxedUnderAGlobalCaptureOnAnotherThread) {
   EXPECT_OK(arcpool_allocator_create(&options, &other));
   arcpool_allocator_destroy(other);
   EXPECT_EQ(warnings, simcuda_unverified_warnings()) << "a pool call made unrelaxed";
-  step = 2;
-  capturer.join();
-  EXPECT_EQ(cudaSuccess, ended) << "the capture was invalidated by an arcpool call";
+  EXPECT_EQ(cudaSuccess, capture.end()) << "the capture was invalidated by an arcpool call";
 }
 
 TEST_P(GraphCapture, TheByPointerPathAllocatesAndFreesGraphMemoryInTheCapture) {
