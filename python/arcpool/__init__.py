@@ -29,7 +29,6 @@ def driver(device=0):
     return _lib.lib.arcpool_driver_name(_lib.lib.arcpool_auto_driver(device)).decode()
 
 
-
 # Keys shared with torch.cuda.memory_stats() where the meaning is the same; every arcpool
 # figure is also given under "arcpool.<name>".
 _TORCH_KEYS = {

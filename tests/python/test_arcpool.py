@@ -26,7 +26,7 @@ class ArcpoolPackage(unittest.TestCase):
         self.assertEqual(("False", "True"), (before, after))
         self.assertIn(driver, ("cuda", "host"))
         with self.assertRaises(AttributeError):
-            arcpool.NO_SUCH_NAME  # noqa: B018
+            arcpool.NO_SUCH_NAME
 
     def test_the_environment_overrides_the_driver(self):
         out = subprocess.run(
