@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "arcpool/arcpool.h"
+#include "arcpool/arcpool.hpp"
 #include "support/driver_test.hpp"
 #include "support/simcuda_probe.hpp"
 
@@ -362,13 +363,11 @@ TEST_P(GraphCapture, PoolCallsRunRelaxedUnderAGlobalCaptureOnAnotherThread) {
   const uint64_t warnings = simcuda_unverified_warnings();
   stats();  // the pool's figures
   EXPECT_OK(arcpool_stats_reset_peaks(alloc_));
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_CUDA;
-  options.pool_source = ARCPOOL_POOL_OWNED;
-  arcpool_allocator_t* other = nullptr;
-  EXPECT_OK(arcpool_allocator_create(&options, &other));
-  arcpool_allocator_destroy(other);
+  {
+    arcpool::allocator_options options;  // an owned pool, the default
+    options.driver = ARCPOOL_DRIVER_CUDA;
+    arcpool::allocator other(options);
+  }
   EXPECT_EQ(warnings, simcuda_unverified_warnings()) << "a pool call made unrelaxed";
   EXPECT_EQ(cudaSuccess, capture.end()) << "the capture was invalidated by an arcpool call";
 }
