@@ -111,6 +111,39 @@ TEST(Devices, NeverTouchedDevicesGetNoContext) {
               "contexts: device 0 0, device 1 1; none current: 1");
 }
 
+/// The child of AnUnreadApplicationErrorOutlivesArcpoolsFirstCalls: a fresh process whose
+/// application leaves an error unread (a device that does not exist), then makes arcpool's first
+/// CUDA calls: an allocator, a stream, a same-stream pair. Exits 0 when the application's error
+/// is still the thread's last error.
+[[noreturn]] void leave_an_error_then_use_arcpool() {
+  const bool left = cudaSetDevice(-1) == cudaErrorInvalidDevice;
+  if (arcpool_allocator_t* alloc = cuda_allocator(0); alloc != nullptr) {
+    arcpool_stream_t s = nullptr;
+    EXPECT_OK(arcpool_stream_create(alloc, &s));
+    arcpool_allocation_t* a = nullptr;
+    EXPECT_OK(arcpool_allocate_async(alloc, size_t{1} << 20, 0, s, 0, &a));
+    EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+    arcpool_allocation_release(a);
+    EXPECT_OK(arcpool_stream_destroy(alloc, s));
+    arcpool_allocator_destroy(alloc);
+  }
+  const cudaError_t pending = cudaGetLastError();
+  std::fprintf(stderr, "left: %d; pending after arcpool: %s\n", left, cudaGetErrorName(pending));
+  std::exit(left && pending == cudaErrorInvalidDevice && !::testing::Test::HasFailure() ? 0 : 1);
+}
+
+TEST(Devices, AnUnreadApplicationErrorOutlivesArcpoolsFirstCalls) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  // "cudaGetLastError: Returns the last error that has been produced by any of the runtime calls
+  // in the same instance of the CUDA Runtime library in the host thread and resets it to
+  // cudaSuccess" (CUDA Runtime API, Error Handling): arcpool clears only errors of its own
+  // failed calls. The first calls of a process look up the driver's context functions; a fresh
+  // process ("threadsafe" re-executes this test binary) is where that happens.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(leave_an_error_then_use_arcpool(), ::testing::ExitedWithCode(0),
+              "left: 1; pending after arcpool: cudaErrorInvalidDevice");
+}
+
 TEST(Devices, EveryCallLeavesTheThreadOnItsOwnDevice) {
   ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
   std::thread([] {

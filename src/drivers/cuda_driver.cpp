@@ -42,20 +42,18 @@ struct context_functions {
 const context_functions& context_api() {
   static const context_functions api = [] {
     context_functions f;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    void* fn = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault,
-                                         &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      f.get_current = reinterpret_cast<decltype(f.get_current)>(fn);
-    }
-    fn = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &fn, 12000, cudaEnableDefault,
-                                         &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess) {
-      f.set_current = reinterpret_cast<decltype(f.set_current)>(fn);
-    }
-    cudaGetLastError();
+    // A failed lookup sets this thread's last error: that one is cleared, and only that one,
+    // so that an application error nobody has read yet survives arcpool's first call.
+    auto lookup = [](const char* symbol) -> void* {
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      void* fn = nullptr;
+      const cudaError_t e =
+          cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found);
+      if (e != cudaSuccess) cudaGetLastError();
+      return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? fn : nullptr;
+    };
+    f.get_current = reinterpret_cast<decltype(f.get_current)>(lookup("cuCtxGetCurrent"));
+    f.set_current = reinterpret_cast<decltype(f.set_current)>(lookup("cuCtxSetCurrent"));
     return f;
   }();
   return api;
@@ -655,9 +653,10 @@ bool cuda_device_usable(int device, std::string* why) {
     return false;
   }
   int pools = 0;
-  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess ||
-      pools == 0) {
-    cudaGetLastError();
+  const cudaError_t queried =
+      cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+  if (queried != cudaSuccess) cudaGetLastError();  // ours only, as in check()
+  if (queried != cudaSuccess || pools == 0) {
     *why = "device " + std::to_string(device) + " does not support stream-ordered memory pools";
     return false;
   }
