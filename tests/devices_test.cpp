@@ -158,6 +158,37 @@ TEST(Devices, EveryCallLeavesTheThreadOnItsOwnDevice) {
   }).join();
 }
 
+TEST(Devices, AThreadWithNoContextKeepsTheRuntimesDevice) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  // A thread that never chose a device works on device 0 when its first runtime call needs a
+  // context. An allocator of device 1 used from it must leave it so: the runtime's own
+  // per-thread device is set by cudaSetDevice, and popping the context does not put it back
+  // (design.md §6). The guard switches with cuCtxSetCurrent alone.
+  std::thread([] {
+    ASSERT_EQ(nullptr, current_context());
+    exercise(1);
+    EXPECT_EQ(nullptr, current_context()) << "a context left current";
+    int device = -1;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
+    EXPECT_EQ(0, device) << "device 1's allocator changed the runtime's device of this thread";
+    ASSERT_EQ(cudaSuccess, cudaFree(nullptr));  // needs a context: the runtime picks one
+    ASSERT_NE(nullptr, current_context());
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
+    EXPECT_EQ(0, device) << "the thread's next runtime call went to device 1";
+  }).join();
+}
+
+TEST(Devices, AnAllocatorGivesBackItsRetainOfThePrimaryContext) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  if (!on_simcuda()) GTEST_SKIP() << "counts retains with simcuda's counter";
+  const uint64_t before = simcuda_primary_retains(1);
+  arcpool_allocator_t* alloc = cuda_allocator(1);
+  ASSERT_NE(nullptr, alloc);
+  EXPECT_EQ(before + 1, simcuda_primary_retains(1));
+  arcpool_allocator_destroy(alloc);
+  EXPECT_EQ(before, simcuda_primary_retains(1));
+}
+
 TEST(Devices, AFailedSwitchIsAnErrorAndNothingRunsOnTheWrongDevice) {
   ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
   if (!on_simcuda()) GTEST_SKIP() << "injects the failure with simcuda_fail_next";
@@ -166,12 +197,12 @@ TEST(Devices, AFailedSwitchIsAnErrorAndNothingRunsOnTheWrongDevice) {
     arcpool_allocator_t* alloc = cuda_allocator(1);
     ASSERT_NE(nullptr, alloc);
     reset_simcuda_calls();
-    ASSERT_TRUE(simcuda_fail_next("cudaSetDevice", cudaErrorDevicesUnavailable));
+    ASSERT_TRUE(simcuda_fail_next("cuCtxSetCurrent", cudaErrorDevicesUnavailable));
     arcpool_stream_t s = nullptr;
     EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_stream_create(alloc, &s));
-    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "cannot switch to device 1"))
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(),
+                                   "cannot switch to device 1: cuCtxSetCurrent failed"))
         << arcpool_last_error();
-    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "cudaErrorDevicesUnavailable"));
     EXPECT_EQ(0u, simcuda_calls("cudaStreamCreateWithFlags")) << "a stream made on device 0";
     EXPECT_EQ(cudaSuccess, cudaGetLastError()) << "arcpool's failure is not the thread's error";
     int device = -1;

@@ -31,12 +31,20 @@ arcpool_status_t check(cudaError_t e, const char* what) {
   return fail(status, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-/// The driver API's current-context functions, reached through the runtime
+/// The driver API's context functions, reached through the runtime
 /// (cudaGetDriverEntryPointByVersion), so that arcpool links no libcuda. Null members when the
 /// runtime does not provide them.
 struct context_functions {
   CUresult(CUDAAPI* get_current)(CUcontext*) = nullptr;
   CUresult(CUDAAPI* set_current)(CUcontext) = nullptr;
+  CUresult(CUDAAPI* device_get)(CUdevice*, int) = nullptr;
+  CUresult(CUDAAPI* primary_retain)(CUcontext*, CUdevice) = nullptr;
+  CUresult(CUDAAPI* primary_release)(CUdevice) = nullptr;
+
+  bool complete() const noexcept {
+    return get_current != nullptr && set_current != nullptr && device_get != nullptr &&
+           primary_retain != nullptr && primary_release != nullptr;
+  }
 };
 
 const context_functions& context_api() {
@@ -54,45 +62,87 @@ const context_functions& context_api() {
     };
     f.get_current = reinterpret_cast<decltype(f.get_current)>(lookup("cuCtxGetCurrent"));
     f.set_current = reinterpret_cast<decltype(f.set_current)>(lookup("cuCtxSetCurrent"));
+    f.device_get = reinterpret_cast<decltype(f.device_get)>(lookup("cuDeviceGet"));
+    f.primary_retain =
+        reinterpret_cast<decltype(f.primary_retain)>(lookup("cuDevicePrimaryCtxRetain"));
+    f.primary_release =
+        reinterpret_cast<decltype(f.primary_release)>(lookup("cuDevicePrimaryCtxRelease"));
     return f;
   }();
   return api;
 }
 
-/// Makes `device`'s primary context current for the scope, then puts back the context that
-/// was current before, or none when none was (design.md §6, "Devices and contexts"). Runtime
-/// calls "operate on the CUDA Driver API CUcontext which is current to the calling host
-/// thread", and cudaSetDevice makes the device's primary context current "by calling
-/// cuCtxSetCurrent()" (CUDA Runtime API, "Interactions with the CUDA Driver API"). When
-/// `primary` (that context, null before it is known) is current already, the guard makes one
-/// call, cuCtxGetCurrent. A switch that fails is the guard's status(): the caller returns it
-/// and makes no call on another device.
+/// One retain of a device's primary context (cuDevicePrimaryCtxRetain), held for an
+/// allocator's life and given back when it ends, unless the process is exiting. The retain makes
+/// no context current and leaves the runtime's own per-thread device alone.
+class primary_context {
+ public:
+  /// Retains `device`'s primary context; a failure is status(), with a message.
+  explicit primary_context(int device) {
+    const context_functions& api = context_api();
+    if (!api.complete()) {
+      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
+                     "the runtime gives no cuCtxGetCurrent / cuCtxSetCurrent / cuDeviceGet / "
+                     "cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease entry point");
+      return;
+    }
+    if (const CUresult r = api.device_get(&device_, device); r != CUDA_SUCCESS) {
+      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDeviceGet(%d) failed: CUresult %d", device,
+                     static_cast<int>(r));
+      return;
+    }
+    if (const CUresult r = api.primary_retain(&context_, device_); r != CUDA_SUCCESS) {
+      context_ = nullptr;
+      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDevicePrimaryCtxRetain(%d) failed: CUresult %d",
+                     device, static_cast<int>(r));
+    }
+  }
+  ~primary_context() {
+    if (context_ != nullptr && !process_exiting()) context_api().primary_release(device_);
+  }
+  primary_context(const primary_context&) = delete;
+  primary_context& operator=(const primary_context&) = delete;
+
+  /// SUCCESS once retained.
+  arcpool_status_t status() const noexcept { return status_; }
+  /// The context (null when the retain failed).
+  CUcontext get() const noexcept { return context_; }
+
+ private:
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+  arcpool_status_t status_ = ARCPOOL_STATUS_SUCCESS;
+};
+
+/// Makes `device`'s primary context (`primary`, retained by the driver) current for the scope,
+/// then puts back the context that was current before, or none when none was (design.md §6,
+/// "Devices and contexts"). Runtime calls "operate on the CUDA Driver API CUcontext which is
+/// current to the calling host thread" (CUDA Runtime API, "Interactions with the CUDA Driver
+/// API"). The switch is cuCtxSetCurrent alone, never cudaSetDevice: cudaSetDevice also sets the
+/// runtime's own per-thread device, which the application's next call on a thread with no
+/// current context would then use (NVIDIA's DALI switches the same way: NVIDIA/DALI PR 6327).
+/// When `primary` is current already, the guard makes one call, cuCtxGetCurrent. A switch that
+/// fails is the guard's status(): the caller returns it and makes no call on another device.
 class device_guard {
  public:
   device_guard(int device, CUcontext primary) {
     const context_functions& api = context_api();
-    if (api.get_current == nullptr || api.set_current == nullptr) {
-      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
-                     "the runtime gives no cuCtxGetCurrent / cuCtxSetCurrent entry point");
-      return;
-    }
     if (const CUresult r = api.get_current(&previous_); r != CUDA_SUCCESS) {
       status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d",
                      static_cast<int>(r));
       return;
     }
-    if (primary != nullptr && previous_ == primary) return;
-    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-      cudaGetLastError();
+    if (previous_ == primary) return;
+    if (const CUresult r = api.set_current(primary); r != CUDA_SUCCESS) {
       status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
-                     "cannot switch to device %d: cudaSetDevice failed: %s (%s)", device,
-                     cudaGetErrorName(e), cudaGetErrorString(e));
+                     "cannot switch to device %d: cuCtxSetCurrent failed: CUresult %d", device,
+                     static_cast<int>(r));
       return;
     }
     restore_ = true;
   }
   ~device_guard() {
-    // Null restores "no context": cuCtxSetCurrent(NULL) pops the one cudaSetDevice bound.
+    // Null restores "no context": cuCtxSetCurrent(NULL) pops the context the guard bound.
     if (restore_) context_api().set_current(previous_);
   }
   device_guard(const device_guard&) = delete;
@@ -138,9 +188,11 @@ cudaEvent_t cu(event_handle e) {
 
 class cuda_driver final : public driver {
  public:
-  cuda_driver(int device, CUcontext primary, cudaMemPool_t pool, bool owned, uint32_t handle_types)
+  cuda_driver(int device, std::unique_ptr<primary_context> context, cudaMemPool_t pool, bool owned,
+              uint32_t handle_types)
       : device_(device),
-        primary_(primary),
+        context_(std::move(context)),
+        primary_(context_->get()),
         pool_(pool),
         owned_(owned),
         handle_types_(handle_types) {}
@@ -536,6 +588,9 @@ class cuda_driver final : public driver {
 
  private:
   const int device_;
+  /// The retain of the device's primary context: destroyed after the destructor's body, so
+  /// that the pool goes before it.
+  const std::unique_ptr<primary_context> context_;
   const CUcontext primary_;  ///< the device's primary context
   const cudaMemPool_t pool_;
   const bool owned_;
@@ -669,18 +724,14 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
     *status = fail(ARCPOOL_STATUS_NO_DEVICE, "CUDA driver unavailable: %s", why.c_str());
     return nullptr;
   }
-  device_guard guard(config.device, nullptr);
+  auto context = std::make_unique<primary_context>(config.device);
+  *status = context->status();
+  if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
+  device_guard guard(config.device, context->get());
   *status = guard.status();
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
   *status = check(cudaFree(nullptr), "cudaFree(nullptr) (runtime initialization)");
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
-  // cudaSetDevice made the device's primary context current: the guards compare with it.
-  CUcontext primary = nullptr;
-  if (const CUresult r = context_api().get_current(&primary); r != CUDA_SUCCESS) {
-    *status =
-        fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d", static_cast<int>(r));
-    return nullptr;
-  }
   arm_exit_hook();  // after the runtime registered its own teardown, so ours runs first
 
   if (config.pool_source != ARCPOOL_POOL_OWNED && !config.peer_devices.empty()) {
@@ -705,7 +756,7 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
       break;
   }
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
-  return std::make_unique<cuda_driver>(config.device, primary, pool,
+  return std::make_unique<cuda_driver>(config.device, std::move(context), pool,
                                        config.pool_source == ARCPOOL_POOL_OWNED,
                                        config.ipc_handle_types);
 }

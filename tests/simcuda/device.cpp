@@ -151,7 +151,7 @@ CUresult CUDAAPI ctx_set_current(CUcontext ctx) {
   thread_state& t = ts();
   if (ctx == nullptr) {
     t.context_current = false;
-    t.device = 0;
+    t.device = t.selected;  // the runtime's own device, as the next implicit context takes it
     return CUDA_SUCCESS;
   }
   for (const std::unique_ptr<device_obj>& d : r.devices) {
@@ -165,6 +165,53 @@ CUresult CUDAAPI ctx_set_current(CUcontext ctx) {
   return CUDA_ERROR_INVALID_CONTEXT;
 }
 
+// cuDeviceGet: "Returns in *device a device handle given an ordinal in the range
+// [0, cuDeviceGetCount()-1]." simcuda's handle is the ordinal.
+CUresult CUDAAPI device_get(CUdevice* out, int ordinal) {
+  runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (context_call_fails("cuDeviceGet")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (device_at(ordinal) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  *out = ordinal;
+  return CUDA_SUCCESS;
+}
+
+// cuDevicePrimaryCtxRetain: "Retains the primary context on the device. Once the user
+// successfully retains the primary context, the primary context will be active and available to
+// the user until the user releases it with cuDevicePrimaryCtxRelease() [...]. Unlike
+// cuCtxCreate() the newly created context is not pushed onto the stack." It changes no thread's
+// current context.
+CUresult CUDAAPI primary_ctx_retain(CUcontext* out, CUdevice dev) {
+  runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (context_call_fails("cuDevicePrimaryCtxRetain")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  device_obj* d = device_at(dev);
+  if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  ensure_context(*d);
+  ++d->primary_retains;
+  *out = reinterpret_cast<CUcontext>(d);
+  return CUDA_SUCCESS;
+}
+
+// cuDevicePrimaryCtxRelease: "Releases the primary context interop on the device. A retained
+// context should always be released once the user is done using it." A release without a
+// retain is a violation (the runtime's own retain would be the one given back).
+CUresult CUDAAPI primary_ctx_release(CUdevice dev) {
+  runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (context_call_fails("cuDevicePrimaryCtxRelease")) return CUDA_ERROR_NOT_INITIALIZED;
+  device_obj* d = device_at(dev);
+  if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  if (d->primary_retains == 0) {
+    violation(format("cuDevicePrimaryCtxRelease(%d) without a retain of its own", dev));
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  --d->primary_retains;
+  return CUDA_SUCCESS;
+}
+
 cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned version,
                                unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
   SIMCUDA_ENTER("cudaGetDriverEntryPointByVersion");
@@ -175,6 +222,13 @@ cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned version,
   if (std::string(symbol) == "cuStreamWriteValue32") *fn = reinterpret_cast<void*>(write_value32);
   if (std::string(symbol) == "cuCtxGetCurrent") *fn = reinterpret_cast<void*>(ctx_get_current);
   if (std::string(symbol) == "cuCtxSetCurrent") *fn = reinterpret_cast<void*>(ctx_set_current);
+  if (std::string(symbol) == "cuDeviceGet") *fn = reinterpret_cast<void*>(device_get);
+  if (std::string(symbol) == "cuDevicePrimaryCtxRetain") {
+    *fn = reinterpret_cast<void*>(primary_ctx_retain);
+  }
+  if (std::string(symbol) == "cuDevicePrimaryCtxRelease") {
+    *fn = reinterpret_cast<void*>(primary_ctx_release);
+  }
   if (status != nullptr) {
     *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   }
@@ -204,6 +258,7 @@ cudaError_t cudaSetDevice(int device) {
   // primary context, and the context will be current on device immediately."
   ensure_context(*d);
   ts().device = device;
+  ts().selected = device;
   ts().context_current = true;
   return cudaSuccess;
 }

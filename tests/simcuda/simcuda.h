@@ -33,6 +33,9 @@ void simcuda_reset_call_counts(void);
  * does not). */
 uint64_t simcuda_primary_contexts(int device);
 
+/** cuDevicePrimaryCtxRetain calls on `device` not yet released. */
+uint64_t simcuda_primary_retains(int device);
+
 /** Waits that pools inserted between streams to reuse memory (internal dependencies). */
 uint64_t simcuda_hidden_waits(void);
 

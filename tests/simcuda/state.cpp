@@ -191,7 +191,11 @@ device_obj& context_device() {
   // CUcontext is current to the calling thread when a CUDA Runtime API call which requires an
   // active context is made, then the primary context for a device will be selected, made
   // current to the calling thread, and initialized." Which device is not said: simcuda selects
-  // device 0 (thread_state::device is 0 whenever no context is current).
+  // the runtime's own per-thread device (thread_state::selected: 0, or the thread's last
+  // cudaSetDevice), which the driver's context calls do not change. Unverified, and the strict
+  // choice for a library that switches devices: NVIDIA's DALI treats "the runtime selection" as
+  // state of its own beside the current context (NVIDIA/DALI PR 6325), and switches devices with
+  // cuCtxSetCurrent on retained primary contexts, never cudaSetDevice (PR 6327).
   thread_state& t = ts();
   device_obj& d = *rt().devices[t.device];
   ensure_context(d);
@@ -251,6 +255,12 @@ uint64_t simcuda_primary_contexts(int device) {
   std::lock_guard<std::mutex> lock(rt().mu);
   simcuda::device_obj* d = simcuda::device_at(device);
   return d == nullptr ? 0 : d->contexts;
+}
+
+uint64_t simcuda_primary_retains(int device) {
+  std::lock_guard<std::mutex> lock(rt().mu);
+  simcuda::device_obj* d = simcuda::device_at(device);
+  return d == nullptr ? 0 : d->primary_retains;
 }
 
 int simcuda_fail_next(const char* name, int error) {

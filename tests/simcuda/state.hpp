@@ -277,6 +277,7 @@ struct device_obj {
   pool_obj* current_pool = nullptr;
   uint64_t contexts = 0;
   bool context = false;
+  uint64_t primary_retains = 0;  ///< cuDevicePrimaryCtxRetain calls not yet released
   uint64_t barrier_epoch = 0;
   std::vector<stream_point> barrier;
   vclock barrier_clock;
@@ -339,6 +340,9 @@ runtime& rt();
 struct thread_state {
   /// The device of the current context, or (none current) the one the runtime would select.
   int device = 0;
+  /// The runtime's own per-thread device: set by cudaSetDevice only, never by the driver's
+  /// context calls, and the device selected when no context is current.
+  int selected = 0;
   /// Whether a context is current (device's primary: simcuda models no other context).
   bool context_current = false;
   cudaError_t last_error = cudaSuccess;

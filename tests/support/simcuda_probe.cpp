@@ -52,6 +52,12 @@ uint64_t simcuda_primary_contexts(int device) {
   return count == nullptr ? 0 : count(device);
 }
 
+uint64_t simcuda_primary_retains(int device) {
+  using count_fn = uint64_t (*)(int);
+  static const count_fn count = lookup<count_fn>("simcuda_primary_retains");
+  return count == nullptr ? 0 : count(device);
+}
+
 uint64_t simcuda_hidden_waits() {
   using count_fn = uint64_t (*)();
   static const count_fn count = lookup<count_fn>("simcuda_hidden_waits");

@@ -27,6 +27,9 @@ void reset_simcuda_calls();
 /// Primary contexts simcuda created on `device` (0 when not on simcuda).
 uint64_t simcuda_primary_contexts(int device);
 
+/// cuDevicePrimaryCtxRetain calls on `device` not yet released (0 when not on simcuda).
+uint64_t simcuda_primary_retains(int device);
+
 /// Waits simcuda's pools inserted between streams to reuse memory (0 when not on simcuda).
 uint64_t simcuda_hidden_waits();
 
