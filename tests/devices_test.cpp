@@ -189,6 +189,66 @@ TEST(Devices, AnAllocatorGivesBackItsRetainOfThePrimaryContext) {
   EXPECT_EQ(before, simcuda_primary_retains(1));
 }
 
+/// A driver function reached through the runtime, as arcpool reaches them (`version`: the CUDA
+/// version whose signature the caller uses).
+template <class Fn>
+Fn driver_function(const char* symbol, unsigned version = 12000) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found);
+  return found == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(fn) : nullptr;
+}
+
+TEST(Devices, AStreamOfAnotherContextOfTheDeviceIsRefused) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  // arcpool's events live in the device's primary context, and cudaEventRecord's "event and
+  // stream must be on the same CUDA context": a stream of a cuCtxCreate context would take an
+  // allocation, then fail at its first fence. It is refused at its first use instead.
+  using create_fn = CUresult(CUDAAPI*)(CUcontext*, CUctxCreateParams*, unsigned, CUdevice);
+  using destroy_fn = CUresult(CUDAAPI*)(CUcontext);
+  using set_fn = CUresult(CUDAAPI*)(CUcontext);
+  const auto create = driver_function<create_fn>("cuCtxCreate", 13000);
+  const auto destroy = driver_function<destroy_fn>("cuCtxDestroy");
+  const auto set_current = driver_function<set_fn>("cuCtxSetCurrent");
+  ASSERT_NE(nullptr, create);
+  ASSERT_NE(nullptr, destroy);
+  ASSERT_NE(nullptr, set_current);
+  std::thread([&] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    const CUcontext primary = current_context();
+    CUctxCreateParams params{};
+    CUcontext other = nullptr;
+    ASSERT_EQ(CUDA_SUCCESS, create(&other, &params, 0, 0));
+    cudaStream_t foreign = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&foreign, cudaStreamNonBlocking));
+    ASSERT_EQ(CUDA_SUCCESS, set_current(primary));
+
+    arcpool_allocator_t* alloc = cuda_allocator(0);
+    ASSERT_NE(nullptr, alloc);
+    arcpool_allocation_t* a = nullptr;
+    EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                  arcpool_allocate_async(alloc, size_t{1} << 20, 0, foreign, 0, &a));
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "other than its primary context"))
+        << arcpool_last_error();
+    EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_register(alloc, foreign));
+    EXPECT_EQ(cudaSuccess, cudaGetLastError()) << "arcpool's refusal is not the thread's error";
+    EXPECT_EQ(primary, current_context());
+    // The primary context's streams still serve.
+    arcpool_stream_t s = nullptr;
+    ASSERT_OK(arcpool_stream_create(alloc, &s));
+    ASSERT_OK(arcpool_allocate_async(alloc, size_t{1} << 20, 0, s, 0, &a));
+    ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+    arcpool_allocation_release(a);
+    ASSERT_OK(arcpool_stream_destroy(alloc, s));
+    arcpool_allocator_destroy(alloc);
+
+    ASSERT_EQ(CUDA_SUCCESS, set_current(other));
+    EXPECT_EQ(cudaSuccess, cudaStreamDestroy(foreign));
+    EXPECT_EQ(CUDA_SUCCESS, destroy(other));
+    EXPECT_EQ(cudaSuccess, cudaSetDevice(0));
+  }).join();
+}
+
 TEST(Devices, AFailedSwitchIsAnErrorAndNothingRunsOnTheWrongDevice) {
   ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
   if (!on_simcuda()) GTEST_SKIP() << "injects the failure with simcuda_fail_next";

@@ -27,6 +27,7 @@ const char* const kFunctions[] = {"cuCtxGetCurrent",
                                   "cudaStreamIsCapturing",
                                   "cudaStreamGetId",
                                   "cudaStreamGetDevice",
+                                  "cuStreamGetCtx",
                                   "cudaEventRecord",
                                   "cudaStreamWaitEvent",
                                   "cudaEventCreateWithFlags",
@@ -171,8 +172,8 @@ TEST_F(RuntimeCalls, OfAnUnregisteredApplicationStream) {
   arcpool_allocation_t* a = nullptr;
   expect_calls("allocate_async (unregistered application stream)",
                {{"cuCtxGetCurrent", 5},
+                {"cuStreamGetCtx", 1},
                 {"cudaMallocFromPoolAsync", 1},
-                {"cudaStreamGetDevice", 1},
                 {"cudaStreamGetId", 1},
                 {"cudaStreamIsCapturing", 2}},
                [&] { ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s, 0, &a)); });

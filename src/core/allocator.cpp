@@ -135,8 +135,17 @@ arcpool_status_t allocator::resolve_stream_slow(stream_handle s, stream_ref* out
 
 arcpool_status_t allocator::check_stream_device(stream_handle s) {
   int device = 0;
-  ARCPOOL_RETURN_IF_ERROR(driver_->stream_device(s, &device));
-  if (device == driver_->device()) return ARCPOOL_STATUS_SUCCESS;
+  bool primary_context = true;
+  ARCPOOL_RETURN_IF_ERROR(driver_->stream_device(s, &device, &primary_context));
+  if (device == driver_->device()) {
+    if (primary_context) return ARCPOOL_STATUS_SUCCESS;
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "stream %p belongs to a context of device %d other than its primary context (one "
+                "made with cuCtxCreate, or a green context's): arcpool's events live in the "
+                "primary context, and an event and the stream it is recorded on must be on the "
+                "same CUDA context (cudaEventRecord); use a stream of the primary context",
+                static_cast<void*>(s), device);
+  }
   return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
               "stream %p belongs to device %d, and this allocator serves device %d: its pool's "
               "memory is ordered on device %d's streams (use device %d's allocator, "

@@ -40,10 +40,11 @@ struct context_functions {
   CUresult(CUDAAPI* device_get)(CUdevice*, int) = nullptr;
   CUresult(CUDAAPI* primary_retain)(CUcontext*, CUdevice) = nullptr;
   CUresult(CUDAAPI* primary_release)(CUdevice) = nullptr;
+  CUresult(CUDAAPI* stream_get_context)(CUstream, CUcontext*) = nullptr;
 
   bool complete() const noexcept {
     return get_current != nullptr && set_current != nullptr && device_get != nullptr &&
-           primary_retain != nullptr && primary_release != nullptr;
+           primary_retain != nullptr && primary_release != nullptr && stream_get_context != nullptr;
   }
 };
 
@@ -67,6 +68,8 @@ const context_functions& context_api() {
         reinterpret_cast<decltype(f.primary_retain)>(lookup("cuDevicePrimaryCtxRetain"));
     f.primary_release =
         reinterpret_cast<decltype(f.primary_release)>(lookup("cuDevicePrimaryCtxRelease"));
+    f.stream_get_context =
+        reinterpret_cast<decltype(f.stream_get_context)>(lookup("cuStreamGetCtx"));
     return f;
   }();
   return api;
@@ -83,7 +86,8 @@ class primary_context {
     if (!api.complete()) {
       status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
                      "the runtime gives no cuCtxGetCurrent / cuCtxSetCurrent / cuDeviceGet / "
-                     "cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease entry point");
+                     "cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease / cuStreamGetCtx "
+                     "entry point");
       return;
     }
     if (const CUresult r = api.device_get(&device_, device); r != CUDA_SUCCESS) {
@@ -245,9 +249,21 @@ class cuda_driver final : public driver {
     return ARCPOOL_STATUS_SUCCESS;
   }
 
-  arcpool_status_t stream_device(stream_handle s, int* out) override {
+  arcpool_status_t stream_device(stream_handle s, int* out, bool* primary_context) override {
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
+    // cuStreamGetCtx: "the context that was active in the calling thread when the stream was
+    // created". The primary context is the common answer, and names the device too.
+    CUcontext context = nullptr;
+    if (const CUresult r = context_api().stream_get_context(cu(s), &context); r != CUDA_SUCCESS) {
+      return fail(ARCPOOL_STATUS_CUDA_ERROR, "cuStreamGetCtx(%p) failed: CUresult %d",
+                  static_cast<void*>(s), static_cast<int>(r));
+    }
+    *primary_context = context == primary_;
+    if (*primary_context) {
+      *out = device_;
+      return ARCPOOL_STATUS_SUCCESS;
+    }
     return check(cudaStreamGetDevice(cu(s), out), "cudaStreamGetDevice");
   }
 

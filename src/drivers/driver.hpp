@@ -92,11 +92,14 @@ class driver {
   /// The process-unique identity of `s` (cudaStreamGetId; per-thread default streams resolve
   /// to the calling thread's stream).
   virtual arcpool_status_t stream_id(stream_handle s, uint64_t* out) = 0;
-  /// The device `s` belongs to (cudaStreamGetDevice). By default this driver's own: the host
-  /// and null drivers model one device, whose streams are all theirs.
-  virtual arcpool_status_t stream_device(stream_handle s, int* out) {
+  /// Where `s` belongs: its device (cudaStreamGetDevice) and whether its context is that
+  /// device's primary context, where this driver's events live (cuStreamGetCtx). By default
+  /// this driver's device and context: the host and null drivers model one device, whose
+  /// streams are all theirs.
+  virtual arcpool_status_t stream_device(stream_handle s, int* out, bool* primary_context) {
     (void)s;
     *out = device();
+    *primary_context = true;
     return ARCPOOL_STATUS_SUCCESS;
   }
   /// Whether `s` is capturing a graph.

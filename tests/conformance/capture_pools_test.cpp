@@ -355,6 +355,82 @@ TEST_F(Devices, TheCurrentContextIsPerThreadAndTheRuntimeFollowsIt) {
   }).join();
 }
 
+// The runtime's own per-thread device, as simcuda models it (docs/simcuda.md): cudaSetDevice
+// sets it, and popping the context with cuCtxSetCurrent(NULL) does not put it back, so the
+// thread's next runtime call that needs a context takes that device's. The Runtime API says
+// only "a device"; this test is where a GPU run confirms or refutes simcuda's choice.
+TEST_F(Devices, PoppingTheContextKeepsTheRuntimesOwnDevice) {
+  const auto get = driver_function<CUresult(CUDAAPI*)(CUcontext*)>("cuCtxGetCurrent");
+  const auto set = driver_function<CUresult(CUDAAPI*)(CUcontext)>("cuCtxSetCurrent");
+  ASSERT_NE(nullptr, get);
+  ASSERT_NE(nullptr, set);
+  int count = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&count));
+  if (count < 2) GTEST_SKIP() << "needs two devices";
+  std::thread([&] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
+    ASSERT_EQ(CUDA_SUCCESS, set(nullptr));
+    CUcontext ctx = nullptr;
+    ASSERT_EQ(CUDA_SUCCESS, get(&ctx));
+    EXPECT_EQ(nullptr, ctx);
+    ASSERT_EQ(cudaSuccess, cudaFree(nullptr));  // needs a context: the runtime picks one
+    int d = -1;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&d));
+    EXPECT_EQ(1, d) << "the runtime picked another device than its own after the pop";
+  }).join();
+}
+
+// cuEventRecord: "hEvent and hStream must be from the same context otherwise
+// CUDA_ERROR_INVALID_HANDLE is returned" (cudaEventRecord: "event and stream must be on the same
+// CUDA context"); cuStreamGetCtx returns "the context that was active in the calling thread
+// when the stream was created"; cuStreamWaitEvent: "hEvent may be from a different context or
+// device than hStream".
+TEST_F(Devices, AnEventIsRecordedOnlyOnAStreamOfItsOwnContext) {
+  using create_fn = CUresult(CUDAAPI*)(CUcontext*, CUctxCreateParams*, unsigned, CUdevice);
+  const auto create = driver_function<create_fn>("cuCtxCreate", 13000);
+  const auto destroy = driver_function<CUresult(CUDAAPI*)(CUcontext)>("cuCtxDestroy");
+  const auto get = driver_function<CUresult(CUDAAPI*)(CUcontext*)>("cuCtxGetCurrent");
+  const auto set = driver_function<CUresult(CUDAAPI*)(CUcontext)>("cuCtxSetCurrent");
+  const auto stream_ctx =
+      driver_function<CUresult(CUDAAPI*)(CUstream, CUcontext*)>("cuStreamGetCtx");
+  ASSERT_TRUE(create && destroy && get && set && stream_ctx);
+  std::thread([&] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    CUcontext primary = nullptr;
+    ASSERT_EQ(CUDA_SUCCESS, get(&primary));
+    CUctxCreateParams params{};
+    CUcontext other = nullptr;
+    ASSERT_EQ(CUDA_SUCCESS, create(&other, &params, 0, 0));
+    CUcontext now = nullptr;
+    ASSERT_EQ(CUDA_SUCCESS, get(&now));
+    EXPECT_EQ(other, now) << "cuCtxCreate makes the new context current";
+    cudaStream_t theirs = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&theirs, cudaStreamNonBlocking));
+    ASSERT_EQ(CUDA_SUCCESS, set(primary));
+    cudaStream_t ours = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&ours, cudaStreamNonBlocking));
+    cudaEvent_t event = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+
+    CUcontext of = nullptr;
+    ASSERT_EQ(CUDA_SUCCESS, stream_ctx(reinterpret_cast<CUstream>(theirs), &of));
+    EXPECT_EQ(other, of);
+    ASSERT_EQ(CUDA_SUCCESS, stream_ctx(reinterpret_cast<CUstream>(ours), &of));
+    EXPECT_EQ(primary, of);
+    EXPECT_EQ(cudaErrorInvalidResourceHandle, cudaEventRecord(event, theirs));
+    cudaGetLastError();
+    EXPECT_EQ(cudaSuccess, cudaEventRecord(event, ours));
+    EXPECT_EQ(cudaSuccess, cudaStreamWaitEvent(theirs, event, 0));
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(theirs));
+
+    EXPECT_EQ(cudaSuccess, cudaEventDestroy(event));
+    EXPECT_EQ(cudaSuccess, cudaStreamDestroy(ours));
+    ASSERT_EQ(CUDA_SUCCESS, set(other));
+    EXPECT_EQ(cudaSuccess, cudaStreamDestroy(theirs));
+    EXPECT_EQ(CUDA_SUCCESS, destroy(other));
+  }).join();
+}
+
 TEST_F(Devices, MemoryInfoAndOutOfMemoryAtCapacity) {
   size_t free_bytes = 0, total = 0;
   ASSERT_EQ(cudaSuccess, cudaMemGetInfo(&free_bytes, &total));

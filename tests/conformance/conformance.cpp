@@ -15,11 +15,11 @@ constexpr int kWords = 256;
 
 }  // namespace
 
-void* driver_entry_point(const char* symbol) {
+void* driver_entry_point(const char* symbol, unsigned version) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   EXPECT_EQ(cudaSuccess,
-            cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found));
+            cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found));
   EXPECT_EQ(cudaDriverEntryPointSuccess, found) << symbol;
   return found == cudaDriverEntryPointSuccess ? fn : nullptr;
 }

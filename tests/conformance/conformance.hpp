@@ -34,10 +34,11 @@ bool gpu_required();
 std::string no_device_reason();
 /// A driver API function reached through the runtime (cudaGetDriverEntryPointByVersion, as
 /// arcpool reaches them), cast to `Fn`; a test failure and null when it is not found.
-void* driver_entry_point(const char* symbol);
+/// `version`: the CUDA version whose signature `Fn` is (cuCtxCreate's changed in 13.0).
+void* driver_entry_point(const char* symbol, unsigned version = 12000);
 template <class Fn>
-Fn driver_function(const char* symbol) {
-  return reinterpret_cast<Fn>(driver_entry_point(symbol));
+Fn driver_function(const char* symbol, unsigned version = 12000) {
+  return reinterpret_cast<Fn>(driver_entry_point(symbol, version));
 }
 using arcpool::test::on_simcuda;
 using arcpool::test::simcuda_calls;

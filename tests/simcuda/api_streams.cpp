@@ -291,6 +291,13 @@ cudaError_t event_record(cudaEvent_t ev, cudaStream_t handle, bool ptds) {
   if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
   stream_obj* s = resolve_stream(handle, ptds, "cudaEventRecord");
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  // cudaEventRecord: "event and stream must be on the same CUDA context"; cuEventRecord: "hEvent
+  // and hStream must be from the same context otherwise CUDA_ERROR_INVALID_HANDLE is returned".
+  // Only created streams carry their context: simcuda gives a cuCtxCreate context no default
+  // streams of its own.
+  if (s->type == stream_obj::kind::created && e->context != 0 && e->context != s->context) {
+    return ret(cudaErrorInvalidResourceHandle);
+  }
   cudaError_t err = cudaSuccess;
   if (capture_node(*s, "event record", &err)) {
     if (err != cudaSuccess) return ret(err);
@@ -384,8 +391,10 @@ extern "C" {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int flags) {
   SIMCUDA_ENTER("cudaStreamCreateWithFlags");
   if (out == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return ret(cudaErrorInvalidValue);
+  const uintptr_t context = context_id();
   device_obj& d = context_device();
   stream_obj* s = make_stream(d, stream_obj::kind::created, (flags & cudaStreamNonBlocking) == 0);
+  s->context = context;  // cuStreamGetCtx: "the context that was active in the calling thread"
   *out = reinterpret_cast<cudaStream_t>(s->handle);
   return cudaSuccess;
 }
@@ -483,9 +492,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
   constexpr unsigned kKnown =
       cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
   if (out == nullptr || (flags & ~kKnown) != 0) return ret(cudaErrorInvalidValue);
-  context_device();
+  const uintptr_t context = context_id();
   auto e = std::make_unique<event_obj>();
   e->handle = new_handle();
+  e->context = context;
   e->flags = flags;
   if ((flags & cudaEventInterprocess) != 0) {
     if (cudaError_t err = ipc_event_init(*e); err != cudaSuccess) {

@@ -136,7 +136,13 @@ CUresult CUDAAPI ctx_get_current(CUcontext* out) {
   if (context_call_fails("cuCtxGetCurrent")) return CUDA_ERROR_NOT_INITIALIZED;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const thread_state& t = ts();
-  *out = t.context_current ? reinterpret_cast<CUcontext>(r.devices[t.device].get()) : nullptr;
+  if (!t.context_current) {
+    *out = nullptr;
+  } else if (t.created_context != 0) {
+    *out = reinterpret_cast<CUcontext>(t.created_context);
+  } else {
+    *out = reinterpret_cast<CUcontext>(r.devices[t.device].get());
+  }
   return CUDA_SUCCESS;
 }
 
@@ -151,6 +157,7 @@ CUresult CUDAAPI ctx_set_current(CUcontext ctx) {
   thread_state& t = ts();
   if (ctx == nullptr) {
     t.context_current = false;
+    t.created_context = 0;
     t.device = t.selected;  // the runtime's own device, as the next implicit context takes it
     return CUDA_SUCCESS;
   }
@@ -158,8 +165,16 @@ CUresult CUDAAPI ctx_set_current(CUcontext ctx) {
     if (reinterpret_cast<CUcontext>(d.get()) == ctx && d->context) {
       t.device = d->ordinal;
       t.context_current = true;
+      t.created_context = 0;
       return CUDA_SUCCESS;
     }
+  }
+  if (auto it = r.created_contexts.find(reinterpret_cast<uintptr_t>(ctx));
+      it != r.created_contexts.end()) {
+    t.device = it->second;
+    t.context_current = true;
+    t.created_context = it->first;
+    return CUDA_SUCCESS;
   }
   violation(format("cuCtxSetCurrent: %p is not an initialized context", static_cast<void*>(ctx)));
   return CUDA_ERROR_INVALID_CONTEXT;
@@ -212,10 +227,87 @@ CUresult CUDAAPI primary_ctx_release(CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+// cuCtxCreate (CUDA 13's, cuCtxCreate_v4): "Creates a new CUDA context and associates it with
+// the calling thread. [...] If a context is already current to the thread, it is supplanted by
+// the newly created context". simcuda models neither execution affinity nor CIG parameters nor
+// the flags: such a context is another context of the device, whose streams and events are its
+// own (cudaEventRecord refuses an event and a stream of different contexts).
+CUresult CUDAAPI ctx_create(CUcontext* out, CUctxCreateParams* params, unsigned int flags,
+                            CUdevice dev) {
+  runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (context_call_fails("cuCtxCreate")) return CUDA_ERROR_NOT_INITIALIZED;
+  (void)flags;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (params != nullptr &&
+      (params->execAffinityParams != nullptr || params->cigParams != nullptr)) {
+    unverified("cuCtxCreate with execution affinity or CIG parameters: not modeled, ignored");
+  }
+  device_obj* d = device_at(dev);
+  if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  ensure_context(*d);  // the device's runtime state (pools, default streams) lives there
+  const uintptr_t handle = new_handle();
+  r.created_contexts.emplace(handle, d->ordinal);
+  thread_state& t = ts();
+  t.device = d->ordinal;
+  t.context_current = true;
+  t.created_context = handle;
+  *out = reinterpret_cast<CUcontext>(handle);
+  return CUDA_SUCCESS;
+}
+
+// cuCtxDestroy: "If ctx is current to the calling thread then ctx will also be popped from the
+// current thread's context stack". Its streams and events are not destroyed with it here: using
+// them afterwards is undefined behaviour that simcuda does not report.
+CUresult CUDAAPI ctx_destroy(CUcontext ctx) {
+  runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (context_call_fails("cuCtxDestroy")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (r.created_contexts.erase(reinterpret_cast<uintptr_t>(ctx)) == 0) {
+    return CUDA_ERROR_INVALID_CONTEXT;  // primary contexts are released, never destroyed
+  }
+  thread_state& t = ts();
+  if (t.context_current && t.created_context == reinterpret_cast<uintptr_t>(ctx)) {
+    t.context_current = false;
+    t.created_context = 0;
+    t.device = t.selected;
+  }
+  return CUDA_SUCCESS;
+}
+
+// cuStreamGetCtx: "Returns the CUDA context that the stream is associated with. [...] The
+// returned context is the context that was active in the calling thread when the stream was
+// created. [...] Specifying any of the special handles will return the context current to the
+// calling thread. If no context is current to the calling thread, CUDA_ERROR_INVALID_CONTEXT is
+// returned."
+CUresult CUDAAPI stream_get_ctx(CUstream handle, CUcontext* out) {
+  runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (context_call_fails("cuStreamGetCtx")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const auto h = reinterpret_cast<uintptr_t>(handle);
+  if (h == 0 || h == reinterpret_cast<uintptr_t>(cudaStreamLegacy) ||
+      h == reinterpret_cast<uintptr_t>(cudaStreamPerThread)) {
+    const thread_state& t = ts();
+    if (!t.context_current) return CUDA_ERROR_INVALID_CONTEXT;
+    *out = t.created_context != 0 ? reinterpret_cast<CUcontext>(t.created_context)
+                                  : reinterpret_cast<CUcontext>(r.devices[t.device].get());
+    return CUDA_SUCCESS;
+  }
+  auto it = r.streams.find(h);
+  if (it == r.streams.end() || it->second->destroyed) {
+    violation(format("cuStreamGetCtx: %p is not a live stream (undefined behaviour)",
+                     static_cast<void*>(handle)));
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  *out = reinterpret_cast<CUcontext>(it->second->context);
+  return CUDA_SUCCESS;
+}
+
 cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned version,
                                unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
   SIMCUDA_ENTER("cudaGetDriverEntryPointByVersion");
-  (void)version, (void)flags;
+  (void)flags;
   if (symbol == nullptr || fn == nullptr) return ret(cudaErrorInvalidValue);
   *fn = nullptr;
   if (std::string(symbol) == "cuStreamWaitValue32") *fn = reinterpret_cast<void*>(wait_value32);
@@ -223,6 +315,17 @@ cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned version,
   if (std::string(symbol) == "cuCtxGetCurrent") *fn = reinterpret_cast<void*>(ctx_get_current);
   if (std::string(symbol) == "cuCtxSetCurrent") *fn = reinterpret_cast<void*>(ctx_set_current);
   if (std::string(symbol) == "cuDeviceGet") *fn = reinterpret_cast<void*>(device_get);
+  if (std::string(symbol) == "cuStreamGetCtx") *fn = reinterpret_cast<void*>(stream_get_ctx);
+  if (std::string(symbol) == "cuCtxDestroy") *fn = reinterpret_cast<void*>(ctx_destroy);
+  if (std::string(symbol) == "cuCtxCreate") {
+    // The signature depends on the version asked for: CUDA 13's (v4) from 13000 on.
+    if (version >= 13000) {
+      *fn = reinterpret_cast<void*>(ctx_create);
+    } else {
+      unverified(
+          format("cuCtxCreate for version %u: only CUDA 13's signature is modeled", version));
+    }
+  }
   if (std::string(symbol) == "cuDevicePrimaryCtxRetain") {
     *fn = reinterpret_cast<void*>(primary_ctx_retain);
   }
@@ -260,6 +363,7 @@ cudaError_t cudaSetDevice(int device) {
   ts().device = device;
   ts().selected = device;
   ts().context_current = true;
+  ts().created_context = 0;
   return cudaSuccess;
 }
 

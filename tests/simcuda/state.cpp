@@ -199,8 +199,15 @@ device_obj& context_device() {
   thread_state& t = ts();
   device_obj& d = *rt().devices[t.device];
   ensure_context(d);
+  if (!t.context_current) t.created_context = 0;
   t.context_current = true;
   return d;
+}
+
+uintptr_t context_id() {
+  device_obj& d = context_device();
+  const uintptr_t created = ts().created_context;
+  return created != 0 ? created : reinterpret_cast<uintptr_t>(&d);
 }
 
 void ensure_context(device_obj& d) {

@@ -75,6 +75,9 @@ struct stream_obj {
   uint64_t id = 0;  ///< cudaStreamGetId: unique in the process
   uintptr_t handle = 0;
   int device = 0;
+  /// The context it was created in (context_id): its device's primary context, or one made
+  /// with cuCtxCreate. cuStreamGetCtx answers it; cudaEventRecord compares it.
+  uintptr_t context = 0;
   kind type = kind::created;
   bool blocking = true;  ///< synchronizes with the legacy stream (not cudaStreamNonBlocking)
   bool destroyed = false;
@@ -93,6 +96,7 @@ struct stream_obj {
 /// An event: its most recent record.
 struct event_obj {
   uintptr_t handle = 0;
+  uintptr_t context = 0;  ///< the context it was created in (context_id); 0: not known
   bool destroyed = false;
   bool recorded = false;
   stream_point point;                 ///< the record's place
@@ -306,7 +310,8 @@ struct runtime {
   std::unordered_map<uintptr_t, std::unique_ptr<graph_obj>> graphs;
   std::unordered_map<uintptr_t, std::unique_ptr<exec_obj>> execs;
   std::unordered_map<uintptr_t, std::unique_ptr<user_obj>> user_objects;
-  std::deque<user_obj*> destructors;  ///< user objects whose destructors are due
+  std::unordered_map<uintptr_t, int> created_contexts;  ///< cuCtxCreate's, not destroyed: device
+  std::deque<user_obj*> destructors;                    ///< user objects whose destructors are due
   bool destructor_thread = false;
   std::vector<std::unique_ptr<capture_obj>> captures;
   std::map<uintptr_t, std::unique_ptr<allocation>> live;   ///< by base address
@@ -343,8 +348,10 @@ struct thread_state {
   /// The runtime's own per-thread device: set by cudaSetDevice only, never by the driver's
   /// context calls, and the device selected when no context is current.
   int selected = 0;
-  /// Whether a context is current (device's primary: simcuda models no other context).
+  /// Whether a context is current: the device's primary context, or created_context.
   bool context_current = false;
+  /// The handle of the cuCtxCreate context current, or 0 when the current one is primary.
+  uintptr_t created_context = 0;
   cudaError_t last_error = cudaSuccess;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   bool in_host_function = false;
@@ -383,6 +390,9 @@ uintptr_t new_handle();
 device_obj* device_at(int d);
 /// Creates the primary context of `d` if it has none (call with the lock).
 void ensure_context(device_obj& d);
+/// The identity of the calling thread's current context, making one current as context_device
+/// does: the handle of a cuCtxCreate context, or the primary context's (its device_obj).
+uintptr_t context_id();
 /// The device whose primary context a runtime call that needs one acts in: the current
 /// context's, else device 0's, initialized and made current (with the lock).
 device_obj& context_device();

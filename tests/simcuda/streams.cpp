@@ -58,6 +58,7 @@ stream_obj* make_stream(device_obj& d, stream_obj::kind type, bool blocking) {
   s->handle = new_handle();
   s->id = r.next_stream_id++;
   s->device = d.ordinal;
+  s->context = reinterpret_cast<uintptr_t>(&d);  // cudaStreamCreateWithFlags: the current one
   s->type = type;
   s->blocking = blocking;
   s->rng.seed(r.cfg.seed * 0x9E3779B97F4A7C15ull + s->id);
