@@ -249,6 +249,48 @@ TEST(Devices, AStreamOfAnotherContextOfTheDeviceIsRefused) {
   }).join();
 }
 
+TEST(Devices, ABorrowedPoolIsNeitherTrimmedNorItsPeakReset) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  // The device's default pool is the application's: arcpool_allocator_trim trims "owned pools
+  // only", and its high-water mark is the application's to reset.
+  ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+  cudaMemPool_t pool = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t keep_all = UINT64_MAX;
+  ASSERT_EQ(cudaSuccess, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocAsync(&p, size_t{8} << 20, s));
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, s));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  auto attribute = [&](cudaMemPoolAttr a) {
+    uint64_t v = 0;
+    EXPECT_EQ(cudaSuccess, cudaMemPoolGetAttribute(pool, a, &v));
+    return v;
+  };
+  const uint64_t reserved = attribute(cudaMemPoolAttrReservedMemCurrent);
+  const uint64_t high = attribute(cudaMemPoolAttrReservedMemHigh);
+  ASSERT_GE(reserved, uint64_t{8} << 20) << "the application's release threshold keeps it";
+
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_CUDA;
+  options.pool_source = ARCPOOL_POOL_DEVICE_DEFAULT;
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
+  EXPECT_OK(arcpool_allocator_trim(alloc, 0));
+  EXPECT_OK(arcpool_stats_reset_peaks(alloc));
+  EXPECT_EQ(reserved, attribute(cudaMemPoolAttrReservedMemCurrent)) << "arcpool trimmed it";
+  EXPECT_EQ(high, attribute(cudaMemPoolAttrReservedMemHigh)) << "arcpool reset its peak";
+  arcpool_allocator_destroy(alloc);
+
+  uint64_t zero = 0;
+  EXPECT_EQ(cudaSuccess, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &zero));
+  EXPECT_EQ(cudaSuccess, cudaMemPoolTrimTo(pool, 0));
+  EXPECT_EQ(cudaSuccess, cudaStreamDestroy(s));
+}
+
 TEST(Devices, AFailedSwitchIsAnErrorAndNothingRunsOnTheWrongDevice) {
   ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
   if (!on_simcuda()) GTEST_SKIP() << "injects the failure with simcuda_fail_next";

@@ -274,7 +274,8 @@ ARCPOOL_API int arcpool_allocator_device(const arcpool_allocator_t* allocator);
  * Returns memory the allocator holds but does not use: flushes the per-stream caches, completes
  * pending reclaims (blocking on their fences), synchronizes arcpool's streams that are not
  * capturing (the pool releases only frees the host saw complete), then trims the pool to
- * `keep_bytes` reserved (owned pools only). Blocks.
+ * `keep_bytes` reserved (owned pools only: a borrowed pool's reserve is the application's).
+ * Blocks.
  */
 ARCPOOL_API arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator,
                                                     size_t keep_bytes);
@@ -815,7 +816,8 @@ ARCPOOL_API arcpool_status_t arcpool_stats_get(const arcpool_allocator_t* alloca
                                                arcpool_stats_t* out_stats);
 
 /** Resets every `_peak` gauge to its current value, pool_reserved_bytes_peak included (the
- * pool's own high-water mark). Never blocks. */
+ * pool's own high-water mark) when the pool is owned; a borrowed pool's (ARCPOOL_POOL_DEVICE_*)
+ * high-water mark is the application's, and is left as it is. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allocator);
 
 /**

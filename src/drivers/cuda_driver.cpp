@@ -433,6 +433,9 @@ class cuda_driver final : public driver {
   }
 
   arcpool_status_t pool_trim(size_t keep_bytes) override {
+    // A pool arcpool borrowed (the device's default or current one) is the application's: its
+    // reserve is not arcpool's to give back (arcpool_allocator_trim: "owned pools only").
+    if (!owned_) return ARCPOOL_STATUS_SUCCESS;
     if (process_exiting()) return exiting("cudaMemPoolTrimTo");
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
@@ -463,7 +466,8 @@ class cuda_driver final : public driver {
   }
 
   void pool_reset_peak() noexcept override {
-    if (process_exiting()) return;
+    // A borrowed pool's high-water mark is the application's to reset, as its settings are.
+    if (!owned_ || process_exiting()) return;
     device_guard guard(device_, primary_);
     if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // nothing to undo
     relaxed_capture_guard relaxed;

@@ -139,12 +139,14 @@ class driver {
   virtual arcpool_status_t pool_allocate(size_t bytes, stream_handle s, void** out) = 0;
   /// Frees `p` (of `bytes`) in stream order on `s`.
   virtual arcpool_status_t pool_free(void* p, size_t bytes, stream_handle s) = 0;
-  /// Releases reserved memory down to `keep_bytes` (owned pools).
+  /// Releases reserved memory down to `keep_bytes`; a pool the driver borrowed (the device's
+  /// default or current one) is left as it is.
   virtual arcpool_status_t pool_trim(size_t keep_bytes) = 0;
   /// The pool's figures.
   virtual pool_figures pool_query() = 0;
   /// Restarts the pool's reserved high-water mark at its current reservation (CUDA:
-  /// cudaMemPoolAttrReservedMemHigh). Drivers that keep no high-water mark do nothing.
+  /// cudaMemPoolAttrReservedMemHigh), for an owned pool only. Drivers that keep no high-water
+  /// mark do nothing.
   virtual void pool_reset_peak() noexcept {}
   /// The device's total memory (host driver: the simulated capacity).
   virtual arcpool_status_t device_memory(size_t* out) = 0;
