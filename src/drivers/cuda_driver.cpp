@@ -750,6 +750,10 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
   device_guard guard(config.device, context->get());
   *status = guard.status();
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
+  // Creating the allocator is unsafe under another thread's global capture: cudaFree(NULL)
+  // initializes the runtime (NVIDIA's Warp lists "cudaFree(0) during lazy context / allocator
+  // init" among the calls that need the relaxed mode), and the pool calls below.
+  relaxed_capture_guard relaxed;
   *status = check(cudaFree(nullptr), "cudaFree(nullptr) (runtime initialization)");
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
   arm_exit_hook();  // after the runtime registered its own teardown, so ours runs first
@@ -762,7 +766,6 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
     return nullptr;
   }
   cudaMemPool_t pool = nullptr;
-  relaxed_capture_guard relaxed;  // creating the pool: pool calls
   switch (config.pool_source) {
     case ARCPOOL_POOL_OWNED:
       *status = create_owned_pool(config, &pool);

@@ -609,8 +609,10 @@ cudaError_t cudaMalloc(void** out, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   SIMCUDA_ENTER("cudaFree");
   context_device();  // cudaFree(nullptr) is the customary way to initialize the runtime
-  if (p == nullptr) return cudaSuccess;
+  // Even cudaFree(NULL): NVIDIA's Warp names "cudaFree(0) during lazy context / allocator init"
+  // among the capture-unsafe calls that need the relaxed mode (warp.CaptureMode).
   check_unsafe_unverified("cudaFree");
+  if (p == nullptr) return cudaSuccess;
   const auto base = reinterpret_cast<uintptr_t>(p);
   auto it = r.live.find(base);
   if (it == r.live.end()) {
