@@ -291,6 +291,35 @@ TEST(Devices, ABorrowedPoolIsNeitherTrimmedNorItsPeakReset) {
   EXPECT_EQ(cudaSuccess, cudaStreamDestroy(s));
 }
 
+TEST(Devices, CallsWhoseFailureArcpoolIgnoresLeaveNoErrorAndNoModeBehind) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  if (!on_simcuda()) GTEST_SKIP() << "injects the failures with simcuda_fail_next";
+  // A failed destroy or mode exchange is arcpool's: the application's next cudaGetLastError()
+  // must not report it, and a failed exchange must not leave the thread in another capture
+  // mode (CUDA Runtime API, cudaGetLastError, cudaThreadExchangeStreamCaptureMode).
+  std::thread([] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    arcpool_allocator_t* alloc = cuda_allocator(0);
+    ASSERT_NE(nullptr, alloc);
+    arcpool_stream_t s = nullptr;
+    ASSERT_OK(arcpool_stream_create(alloc, &s));
+
+    ASSERT_TRUE(simcuda_fail_next("cudaThreadExchangeStreamCaptureMode", cudaErrorUnknown));
+    EXPECT_OK(arcpool_stream_synchronize(alloc, s));
+    EXPECT_EQ(cudaSuccess, cudaGetLastError()) << "a failed exchange left its error";
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    ASSERT_EQ(cudaSuccess, cudaThreadExchangeStreamCaptureMode(&mode));
+    EXPECT_EQ(cudaStreamCaptureModeGlobal, mode) << "the thread was left in another mode";
+    ASSERT_EQ(cudaSuccess, cudaThreadExchangeStreamCaptureMode(&mode));
+
+    // The pool of an owned allocator is destroyed on the destroying thread.
+    ASSERT_OK(arcpool_stream_destroy(alloc, s));
+    ASSERT_TRUE(simcuda_fail_next("cudaMemPoolDestroy", cudaErrorInvalidValue));
+    arcpool_allocator_destroy(alloc);
+    EXPECT_EQ(cudaSuccess, cudaGetLastError()) << "a failed pool destroy left its error";
+  }).join();
+}
+
 TEST(Devices, AFailedSwitchIsAnErrorAndNothingRunsOnTheWrongDevice) {
   ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
   if (!on_simcuda()) GTEST_SKIP() << "injects the failure with simcuda_fail_next";

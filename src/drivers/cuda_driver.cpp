@@ -31,6 +31,15 @@ arcpool_status_t check(cudaError_t e, const char* what) {
   return fail(status, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+/// A call whose failure arcpool cannot act on (destroying, releasing, restoring): its error is
+/// arcpool's, so it is cleared from the thread's last error, and an unloading runtime marks the
+/// process as exiting, as check() does.
+void discard(cudaError_t e) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  if (e == cudaErrorCudartUnloading) mark_process_exiting();
+}
+
 /// The driver API's context functions, reached through the runtime
 /// (cudaGetDriverEntryPointByVersion), so that arcpool links no libcuda. Null members when the
 /// runtime does not provide them.
@@ -167,15 +176,23 @@ class device_guard {
 /// calls (create, destroy, attributes, trim) run relaxed too: the Runtime API does not list
 /// them, but NVIDIA's CCCL does the same because "reading or writing a pool attribute is refused
 /// while the calling thread is capturing" (NVIDIA/cccl PR 11360).
+/// A failed exchange changes nothing, and nothing is restored then.
 class relaxed_capture_guard {
  public:
-  relaxed_capture_guard() { cudaThreadExchangeStreamCaptureMode(&previous_); }
-  ~relaxed_capture_guard() { cudaThreadExchangeStreamCaptureMode(&previous_); }
+  relaxed_capture_guard() {
+    const cudaError_t e = cudaThreadExchangeStreamCaptureMode(&previous_);
+    exchanged_ = e == cudaSuccess;
+    discard(e);
+  }
+  ~relaxed_capture_guard() {
+    if (exchanged_) discard(cudaThreadExchangeStreamCaptureMode(&previous_));
+  }
   relaxed_capture_guard(const relaxed_capture_guard&) = delete;
   relaxed_capture_guard& operator=(const relaxed_capture_guard&) = delete;
 
  private:
   cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+  bool exchanged_ = false;
 };
 
 /// The status of a call skipped because the process is exiting.
@@ -206,7 +223,7 @@ class cuda_driver final : public driver {
       device_guard guard(device_, primary_);
       if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // the pool goes with the process
       relaxed_capture_guard relaxed;
-      cudaMemPoolDestroy(pool_);  // returns at once; released when its memory is all freed
+      discard(cudaMemPoolDestroy(pool_));  // returns at once; released once its memory is freed
     }
   }
 
@@ -290,7 +307,7 @@ class cuda_driver final : public driver {
     cudaGraph_t graph = nullptr;
     const arcpool_status_t status =
         check(cudaStreamEndCapture(cu(s), &graph), "cudaStreamEndCapture");
-    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (graph != nullptr) discard(cudaGraphDestroy(graph));
     return status;
   }
 
@@ -347,7 +364,7 @@ class cuda_driver final : public driver {
               "cudaGraphRetainUserObject");
     if (status != ARCPOOL_STATUS_SUCCESS) {
       d->armed = false;
-      cudaUserObjectRelease(object, 1);
+      discard(cudaUserObjectRelease(object, 1));
     }
     return status;
   }
@@ -375,7 +392,7 @@ class cuda_driver final : public driver {
     if (process_exiting()) return;
     device_guard guard(device_, primary_);
     if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // unreachable device: the event stays
-    cudaEventDestroy(cu(e));
+    discard(cudaEventDestroy(cu(e)));
   }
 
   arcpool_status_t event_record(event_handle e, stream_handle s) override {
@@ -543,7 +560,7 @@ class cuda_driver final : public driver {
     cudaIpcEventHandle_t handle{};
     if (arcpool_status_t status = check(cudaIpcGetEventHandle(&handle, e), "cudaIpcGetEventHandle");
         status != ARCPOOL_STATUS_SUCCESS) {
-      cudaEventDestroy(e);
+      discard(cudaEventDestroy(e));
       return status;
     }
     static_assert(sizeof handle == sizeof data->bytes, "cudaIpcEventHandle_t is 64 bytes");
@@ -580,7 +597,7 @@ class cuda_driver final : public driver {
     device_guard guard(device_, primary_);
     if (guard.status() != ARCPOOL_STATUS_SUCCESS) return;  // the pool goes with the process
     relaxed_capture_guard relaxed;
-    cudaMemPoolDestroy(static_cast<cudaMemPool_t>(pool));
+    discard(cudaMemPoolDestroy(static_cast<cudaMemPool_t>(pool)));
   }
 
   arcpool_status_t import_pointer(imported_pool pool, const ipc_pointer_data& data,
@@ -602,8 +619,8 @@ class cuda_driver final : public driver {
 
   void enter_reclaim_thread() noexcept override {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    cudaSetDevice(device_);
+    discard(cudaThreadExchangeStreamCaptureMode(&mode));
+    discard(cudaSetDevice(device_));  // arcpool's own thread: its device is arcpool's to set
   }
 
  private:
@@ -704,7 +721,7 @@ arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* o
     status = grant_peer_access(pool, config.device, peer);
   }
   if (status != ARCPOOL_STATUS_SUCCESS) {
-    cudaMemPoolDestroy(pool);
+    discard(cudaMemPoolDestroy(pool));
     return status;
   }
   *out = pool;
