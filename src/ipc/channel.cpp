@@ -43,8 +43,31 @@ arcpool_status_t channel::send(message m, int pass_fd) {
     std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
   }
   std::lock_guard<std::mutex> lock(send_mu_);
-  size_t sent = 0;
+  return send_rest(m, 0, msg, iov);
+}
+
+bool channel::try_send(message m) noexcept {
+  m.magic = kMagic;
+  std::unique_lock<std::mutex> lock(send_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  iovec iov{&m, sizeof m};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  ssize_t n = -1;
+  do {
+    n = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK;  // gone, or failed: nothing to wait
+  // A message is never left half sent: the other end would read the next one from its middle.
+  if (static_cast<size_t>(n) < sizeof m) send_rest(m, static_cast<size_t>(n), msg, iov);
+  return true;
+}
+
+arcpool_status_t channel::send_rest(message& m, size_t sent, msghdr& msg, iovec& iov) {
   while (sent < sizeof m) {
+    iov.iov_base = reinterpret_cast<char*>(&m) + sent;
+    iov.iov_len = sizeof m - sent;
     const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) return peer_gone("sending");
@@ -53,8 +76,6 @@ arcpool_status_t channel::send(message m, int pass_fd) {
                   std::strerror(errno));
     }
     sent += static_cast<size_t>(n);
-    iov.iov_base = reinterpret_cast<char*>(&m) + sent;
-    iov.iov_len = sizeof m - sent;
     msg.msg_control = nullptr;  // the descriptor went with the first byte
     msg.msg_controllen = 0;
   }
@@ -99,6 +120,16 @@ arcpool_status_t channel::receive(message* m, int* received_fd) {
                 m->magic);
   }
   return ARCPOOL_STATUS_SUCCESS;
+}
+
+bool channel::readable() noexcept {
+  message peek;
+  ssize_t n = -1;
+  do {
+    n = recv(fd_, &peek, sizeof peek, MSG_PEEK | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof peek) || n == 0) return true;  // a message, or the end
+  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;            // an error to report
 }
 
 void channel::shut_down_sending() noexcept {

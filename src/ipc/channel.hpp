@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include <sys/socket.h>
+
 #include "drivers/driver.hpp"
 
 namespace arcpool::detail::ipc {
@@ -17,6 +19,7 @@ enum class message_kind : uint32_t {
   released = 4,    ///< importer -> exporter: import `id` freed; `event` follows that free
   event_done = 5,  ///< exporter -> importer: the `released` event of `id` was waited on
   goodbye = 6,     ///< exporter -> importer: nothing more will be sent
+  refused = 7,     ///< importer -> exporter: allocation `id` could not be imported (no use)
 };
 
 /// One fixed-size message.
@@ -39,11 +42,17 @@ class channel {
   channel& operator=(const channel&) = delete;
 
   /// Sends `m`, with `pass_fd` attached (SCM_RIGHTS) when not negative. PEER_GONE when the
-  /// other end closed; never raises SIGPIPE.
+  /// other end closed; never raises SIGPIPE. Blocks while the other end does not read.
   arcpool_status_t send(message m, int pass_fd = -1);
+  /// Sends `m` only if that cannot block: false, with nothing sent, when another thread is
+  /// sending or the socket's buffer is full (true when sent, or when the other end is gone).
+  bool try_send(message m) noexcept;
   /// Receives the next message, blocking; `*received_fd` (when given) gets an attached file
   /// descriptor or -1. PEER_GONE at end of file.
   arcpool_status_t receive(message* m, int* received_fd = nullptr);
+  /// Whether receive() would return at once: a whole message has arrived, or the other end
+  /// closed. Never blocks.
+  bool readable() noexcept;
   /// Ends this side's sending: the other end reads end of file.
   void shut_down_sending() noexcept;
   /// Gives the socket back: the destructor will not close it (a failed create's caller keeps
@@ -51,6 +60,9 @@ class channel {
   void release_fd() noexcept { fd_ = -1; }
 
  private:
+  /// Sends the rest of `m` from byte `sent`, blocking (the caller holds send_mu_).
+  arcpool_status_t send_rest(message& m, size_t sent, msghdr& msg, iovec& iov);
+
   int fd_;
   std::mutex send_mu_;
 };

@@ -158,19 +158,28 @@ void exporter::destroy() noexcept {
   }
   message bye;
   bye.kind = message_kind::goodbye;
-  channel_.send(bye);  // a gone importer cannot be told
+  // Never blocks: when the goodbye cannot be written now (the importer is not reading, or a
+  // send is under way), the end of the exporter's side says the same, after what was sent.
+  if (!channel_.try_send(bye)) channel_.shut_down_sending();
   unref();
 }
 
 void exporter::watch() noexcept {
   message m;
   while (channel_.receive(&m) == ARCPOOL_STATUS_SUCCESS) {
+    if (m.kind == message_kind::refused) {
+      refused(m.id);
+      continue;
+    }
     if (m.kind != message_kind::released) continue;
     if (!release_after(m.id, m.event)) continue;
     message done;
     done.kind = message_kind::event_done;
     done.id = m.id;
-    channel_.send(done);
+    // Never blocks the watcher, which must go on reading the importer's releases: an
+    // acknowledgement that cannot be written now is left out, and the importer keeps that one
+    // event until it closes.
+    channel_.try_send(done);
   }
   // End of file: the importer closed its side or its process died. A closing importer has
   // released everything first; a dead one may have held imports, which are freed once its
@@ -223,6 +232,18 @@ bool exporter::release_after(uint64_t id, const ipc_event_data& importer_event) 
   }
   drop(s);
   return true;
+}
+
+void exporter::refused(uint64_t id) noexcept {
+  sent s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sent_.find(id);
+    if (it == sent_.end()) return;
+    s = it->second;
+    sent_.erase(it);
+  }
+  drop(s);  // never imported: no use over there to wait for
 }
 
 void exporter::wait_for_importer_exit() noexcept {

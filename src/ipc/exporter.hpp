@@ -45,6 +45,8 @@ class exporter {
   /// Import `id` was freed by the importer after `importer_event`: the claim's drop waits on
   /// that event. False (claim kept) when the wait cannot be enqueued.
   bool release_after(uint64_t id, const ipc_event_data& importer_event) noexcept;
+  /// The importer could not import `id`: its claim goes now, with no wait.
+  void refused(uint64_t id) noexcept;
   /// Blocks until the importing process has exited (its pidfd), when it holds imports.
   void wait_for_importer_exit() noexcept;
   /// Drops the claim and reference of `s` (the last claim deallocates).

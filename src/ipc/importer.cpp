@@ -66,32 +66,45 @@ arcpool_status_t importer::create(arcpool_allocator_t* allocator, int fd, import
 
 arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t** out) {
   message m;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (exporter_gone_) {
-        return fail(ARCPOOL_STATUS_PEER_GONE,
-                    "arcpool_ipc_receive: the exporter closed the connection (its process "
-                    "exited or was killed, or it destroyed its side); nothing more will arrive, "
-                    "and the imports received stay usable");
+  {
+    // One reader at a time; a drain that ran before this may have left an allocation pending.
+    std::lock_guard<std::mutex> reading(reading_mu_);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!pending_.empty()) {
+          m = pending_.front();
+          pending_.pop_front();
+          break;
+        }
+        if (exporter_gone_) {
+          return fail(ARCPOOL_STATUS_PEER_GONE,
+                      "arcpool_ipc_receive: the exporter closed the connection (its process "
+                      "exited or was killed, or it destroyed its side); nothing more will "
+                      "arrive, and the imports received stay usable");
+        }
       }
-    }
-    const arcpool_status_t status = channel_.receive(&m);
-    if (status == ARCPOOL_STATUS_PEER_GONE ||
-        (status == ARCPOOL_STATUS_SUCCESS && m.kind == message_kind::goodbye)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      exporter_gone_ = true;
-      continue;
-    }
-    ARCPOOL_RETURN_IF_ERROR(status);
-    if (m.kind == message_kind::event_done) {
-      recycle(m.id);
-    } else if (m.kind == message_kind::allocation) {
-      break;
+      message next;
+      const arcpool_status_t status = channel_.receive(&next);
+      if (status == ARCPOOL_STATUS_PEER_GONE) {
+        std::lock_guard<std::mutex> lock(mu_);
+        exporter_gone_ = true;
+        continue;
+      }
+      ARCPOOL_RETURN_IF_ERROR(status);
+      take(next);
     }
   }
   void* p = nullptr;
-  ARCPOOL_RETURN_IF_ERROR(drv_.import_pointer(pool_, m.pointer, &p));
+  if (const arcpool_status_t status = drv_.import_pointer(pool_, m.pointer, &p);
+      status != ARCPOOL_STATUS_SUCCESS) {
+    // Nothing was imported, so nothing here will use it: the exporter's claim may go now.
+    message refused;
+    refused.kind = message_kind::refused;
+    refused.id = m.id;
+    channel_.send(refused);  // PEER_GONE: an exited exporter needs no word
+    return status;
+  }
   // The first use waits on the exporter's event, recorded after its writes.
   event_handle e = nullptr;
   arcpool_status_t status = drv_.ipc_event_open(m.event, &e);
@@ -114,6 +127,40 @@ arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t
                         ctx, out);
 }
 
+void importer::take(const message& m) noexcept {
+  switch (m.kind) {
+    case message_kind::event_done:
+      recycle(m.id);
+      break;
+    case message_kind::goodbye: {
+      std::lock_guard<std::mutex> lock(mu_);
+      exporter_gone_ = true;
+      break;
+    }
+    case message_kind::allocation: {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back(m);
+      break;
+    }
+    default:
+      break;  // nothing else comes from an exporter
+  }
+}
+
+void importer::drain() noexcept {
+  std::unique_lock<std::mutex> reading(reading_mu_, std::try_to_lock);
+  if (!reading.owns_lock()) return;  // a receive is reading, and takes what arrives
+  while (channel_.readable()) {
+    message m;
+    if (channel_.receive(&m) != ARCPOOL_STATUS_SUCCESS) {
+      std::lock_guard<std::mutex> lock(mu_);
+      exporter_gone_ = true;  // end of file, or a broken connection: nothing more to read
+      return;
+    }
+    take(m);
+  }
+}
+
 void importer::on_free(void* p, size_t size, void* user_data) noexcept {
   (void)size;
   auto* ctx = static_cast<import_ctx*>(user_data);
@@ -127,6 +174,7 @@ void importer::on_free(void* p, size_t size, void* user_data) noexcept {
 void importer::release_import(void* p, uint64_t id) noexcept {
   // cudaMemPoolImportPointer: "The imported memory must be freed from all importing processes
   // before being freed in the exporting process." arcpool's fences on it have all completed.
+  drain();  // the exporter's acknowledgements first: their events are reused below
   arcpool_status_t status = drv_.imported_free(p, free_stream_);
   ipc_event_pool::entry e;
   if (status == ARCPOOL_STATUS_SUCCESS) status = events_.take(&e);

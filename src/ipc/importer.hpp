@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 
@@ -42,6 +43,14 @@ class importer {
   void release_import(void* p, uint64_t id) noexcept;
   /// The exporter no longer needs the release event of `id`.
   void recycle(uint64_t id) noexcept;
+  /// Acts on a message from the exporter that is not the allocation a receive waits for: an
+  /// acknowledged release event is recycled, a goodbye ends the connection, an allocation waits
+  /// in pending_ for the next receive. Takes mu_.
+  void take(const message& m) noexcept;
+  /// Reads what the exporter sent that has arrived whole, without blocking, unless a receive is
+  /// reading: its acknowledgements must not pile up unread while no receive runs, or the
+  /// exporter, then the importer's own releases, would block on full sockets.
+  void drain() noexcept;
   /// The last reference went: closes the connection and tears down.
   void unref() noexcept;
 
@@ -51,8 +60,11 @@ class importer {
   ipc_event_pool events_;
   imported_pool pool_ = nullptr;
   stream_handle free_stream_ = nullptr;  ///< the imports' frees, and the events after them
+  /// Held by the one thread reading the socket (a receive, or a drain).
+  std::mutex reading_mu_;
   std::mutex mu_;
   std::unordered_map<uint64_t, ipc_event_pool::entry> release_events_;  ///< by import id
+  std::deque<message> pending_;  ///< allocations a drain read, for the next receives
   bool exporter_gone_ = false;
   std::atomic<int> refs_{1};
 };
