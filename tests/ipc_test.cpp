@@ -39,10 +39,11 @@ constexpr size_t kBytes = size_t{1} << 20;
 constexpr int kManyImports = 1500;
 
 arcpool_allocator_t* make_allocator(arcpool_driver_kind_t kind, arcpool_pool_source_t source,
-                                    uint32_t handle_types) {
+                                    uint32_t handle_types, int device = 0) {
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
   options.driver = kind;
+  options.device = device;
   options.pool_source = source;
   options.ipc_handle_types = handle_types;
   arcpool_allocator_t* a = nullptr;
@@ -327,6 +328,25 @@ TEST_F(IpcExporter, AnImportSeesTheExportersWritesAndIsFreedBeforeTheExportersFr
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
 }
 
+// "Imported memory pools are initially only accessible from their resident device. [...] The
+// importing process needs to enable access (with cudaMemPoolSetAccess) from any GPU it plans to
+// access the memory from" (CUDA programming guide, "Set Access in the Importing Process"): an
+// importer on another device than the exporter's pool reads, writes and frees its imports.
+TEST_F(IpcExporter, AnImporterOnAnotherDeviceIsGivenAccessToThePool) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  int devices = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&devices));
+  if (devices < 2) GTEST_SKIP() << "needs two devices";
+  ASSERT_NO_FATAL_FAILURE(start("ImporterChecksAndFrees", {"ARCPOOL_IPC_DEVICE=1"}));
+  send_filled(a, {e}, s, 0x5a);
+  send_filled(a, {e}, s, 0x6b);
+  ASSERT_EQ('f', read_report(c.pipe)) << "the importer did not report its frees";
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << outstanding(e) << " left";
+  ASSERT_EQ(1, write(c.pipe, "x", 1));
+  const int status = reap_child();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+}
+
 TEST_F(IpcExporter, AKilledImporterIsNoticedAndTheExporterFrees) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   ASSERT_NO_FATAL_FAILURE(start("ImporterHolds"));
@@ -480,46 +500,39 @@ TEST_F(IpcExporter, AnAllocationTheImporterCannotImportIsRefusedAndItsClaimGoes)
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
 }
 
-// arcpool_ipc_exporter_destroy "Never blocks": not even while a send is blocked on a full socket
-// because the importer does not read (the goodbye then goes as the end of the exporter's side).
-TEST_F(IpcExporter, DestroyReturnsWhileASendIsBlockedOnAnImporterThatDoesNotRead) {
+// arcpool_ipc_exporter_destroy "Never blocks": not even when the socket is full because the
+// importer does not read (the goodbye then goes as the end of the exporter's side).
+TEST_F(IpcExporter, DestroyReturnsWhileTheImporterDoesNotReadAFullSocket) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   c = spawn_child("ImporterConnectsAndWaits");
-  const int small = 4096;  // the kernel's minimum, about: a few messages fill it
-  ASSERT_EQ(0, setsockopt(c.socket, SOL_SOCKET, SO_SNDBUF, &small, sizeof small));
+  // A second descriptor of the exporter's end, to fill the socket with bytes the importer
+  // never reads (it reads nothing more in this test).
+  const int filler = dup(c.socket);
+  ASSERT_GE(filler, 0);
   a = exporting_allocator();
   ASSERT_NE(nullptr, a);
   ASSERT_OK(arcpool_stream_create(a, &s));
   ASSERT_OK(arcpool_ipc_exporter_create(a, c.socket, &e));
   exporting = true;
   ASSERT_EQ('c', read_report(c.pipe)) << "the importer did not connect";
-  std::atomic<int> sent{0};
-  std::thread sender([&] {
-    for (int i = 0; i < 100000; ++i) {
-      arcpool_allocation_t* h = nullptr;
-      if (arcpool_allocate_async(a, 4096, 0, s, 0, &h) != ARCPOOL_STATUS_SUCCESS) return;
-      const arcpool_status_t status = arcpool_ipc_send(e, h);
-      arcpool_allocation_discard_and_release(h);
-      if (status != ARCPOOL_STATUS_SUCCESS) return;  // the importer is gone (below)
-      sent.fetch_add(1);
-    }
-  });
-  // The sender is blocked once its count stops moving.
-  int last = -1;
-  while (sent.load() != last) {
-    last = sent.load();
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::vector<char> bytes(4096, 0);
+  size_t filled = 0;
+  for (;;) {
+    const ssize_t n = send(filler, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n <= 0) break;
+    filled += static_cast<size_t>(n);
   }
+  ASSERT_EQ(EAGAIN, errno) << "the socket should be full after " << filled << " bytes";
   std::atomic<bool> destroyed{false};
-  std::thread destroyer([&] {
-    arcpool_ipc_exporter_destroy(std::exchange(e, nullptr));
+  std::thread destroyer([&destroyed, exporter = std::exchange(e, nullptr)] {
+    arcpool_ipc_exporter_destroy(exporter);
     destroyed = true;
   });
   EXPECT_TRUE(eventually([&] { return destroyed.load(); }))
-      << "destroy blocked behind a send " << sent.load() << " messages in";
-  ASSERT_EQ(1, write(c.pipe, "x", 1));  // the importer goes: the blocked send fails
-  sender.join();
+      << "destroy blocked on a full socket (" << filled << " bytes)";
+  ASSERT_EQ(1, write(c.pipe, "x", 1));  // the importer goes: a blocked send would fail now
   destroyer.join();
+  close(filler);
   const int status = reap_child();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
 }
@@ -542,7 +555,9 @@ void wait_for_parent() {
 
 /// An importing process's allocator, stream and importer (on the test process's socket).
 struct importing_side {
-  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+  /// The importing allocator's device (0 unless ARCPOOL_IPC_DEVICE says otherwise).
+  int device = std::getenv("ARCPOOL_IPC_DEVICE") != nullptr ? env_fd("ARCPOOL_IPC_DEVICE") : 0;
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0, device);
   arcpool_stream_t s = nullptr;
   arcpool_ipc_importer_t* im = nullptr;
 
@@ -579,7 +594,9 @@ struct importing_side {
 TEST(IpcChild, DISABLED_ImporterChecksAndFrees) {
   importing_side side;
   ASSERT_NO_FATAL_FAILURE(side.connect());
-  auto& [a, s, im] = side;
+  arcpool_allocator_t* const a = side.a;
+  const arcpool_stream_t s = side.s;
+  arcpool_ipc_importer_t* const im = side.im;
   for (int value : {0x5a, 0x6b}) {
     arcpool_allocation_t* h = side.receive_filled(value);
     ASSERT_NE(nullptr, h);

@@ -57,8 +57,10 @@ ARCPOOL_API void arcpool_ipc_exporter_destroy(arcpool_ipc_exporter_t* exporter);
 /**
  * Joins the connection an exporter shares over `socket_fd`: sends a greeting naming this
  * process, receives the pool's file descriptor (blocking until it arrives) and imports the
- * pool on `allocator`'s device. An imported pool cannot allocate. On success the importer owns
- * `socket_fd`; on failure the caller still does.
+ * pool for `allocator`'s device: a pool resident on another GPU gets that device's read-write
+ * access (cudaMemPoolSetAccess; UNSUPPORTED when the device cannot reach that GPU). An imported
+ * pool cannot allocate. On success the importer owns `socket_fd`; on failure the caller still
+ * does.
  */
 ARCPOOL_API arcpool_status_t arcpool_ipc_importer_create(arcpool_allocator_t* allocator,
                                                          int socket_fd,

@@ -207,6 +207,9 @@ cudaEvent_t cu(event_handle e) {
   return static_cast<cudaEvent_t>(e);
 }
 
+/// Defined below, with the owned pool's setup.
+arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer, const char* what);
+
 class cuda_driver final : public driver {
  public:
   cuda_driver(int device, std::unique_ptr<primary_context> context, cudaMemPool_t pool, bool owned,
@@ -588,8 +591,44 @@ class cuda_driver final : public driver {
         check(cudaMemPoolImportFromShareableHandle(&pool, reinterpret_cast<void*>(intptr_t{fd}),
                                                    cudaMemHandleTypePosixFileDescriptor, 0),
               "cudaMemPoolImportFromShareableHandle"));
+    if (const arcpool_status_t status = reach_imported_pool(pool);
+        status != ARCPOOL_STATUS_SUCCESS) {
+      relaxed_capture_guard relaxed;
+      discard(cudaMemPoolDestroy(pool));
+      return status;
+    }
     *out = pool;
     return ARCPOOL_STATUS_SUCCESS;
+  }
+
+  /// Gives this driver's device read-write access to an imported pool that resides on another
+  /// device. "Imported memory pools are initially only accessible from their resident device.
+  /// The imported memory pool does not inherit any accessibility set by the exporting process.
+  /// The importing process needs to enable access (with cudaMemPoolSetAccess) from any GPU it
+  /// plans to access the memory from" (CUDA programming guide, "Set Access in the Importing
+  /// Process"). The resident device is the one that has access already.
+  arcpool_status_t reach_imported_pool(cudaMemPool_t pool) {
+    cudaMemLocation here{};
+    here.type = cudaMemLocationTypeDevice;
+    here.id = device_;
+    cudaMemAccessFlags access = cudaMemAccessFlagsProtNone;
+    ARCPOOL_RETURN_IF_ERROR(
+        check(cudaMemPoolGetAccess(&access, pool, &here), "cudaMemPoolGetAccess (imported)"));
+    if (access == cudaMemAccessFlagsProtReadWrite) return ARCPOOL_STATUS_SUCCESS;
+    int count = 0;
+    ARCPOOL_RETURN_IF_ERROR(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+    for (int resident = 0; resident < count; ++resident) {
+      cudaMemLocation there{};
+      there.type = cudaMemLocationTypeDevice;
+      there.id = resident;
+      ARCPOOL_RETURN_IF_ERROR(
+          check(cudaMemPoolGetAccess(&access, pool, &there), "cudaMemPoolGetAccess (imported)"));
+      if (access == cudaMemAccessFlagsProtReadWrite) {
+        return grant_peer_access(pool, resident, device_, "imported pool");
+      }
+    }
+    return fail(ARCPOOL_STATUS_CUDA_ERROR,
+                "the imported pool is accessible from no device of this process");
   }
 
   void imported_pool_destroy(imported_pool pool) noexcept override {
@@ -640,15 +679,15 @@ arcpool_status_t set_pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, in
 }
 
 /// Gives device `peer` read and write access to `pool` (of `device`), then checks that it has
-/// it (design.md §7, "Peers"): cudaMemPoolSetAccess "Controls visibility of pools between
-/// devices", cudaMemPoolGetAccess "Returns the accessibility of the pool's memory from the
-/// specified location".
-arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer) {
+/// it; `what` names the request in messages (design.md §7, "Peers"): cudaMemPoolSetAccess "Controls
+/// visibility of pools between devices", cudaMemPoolGetAccess "Returns the accessibility of the
+/// pool's memory from the specified location".
+arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer, const char* what) {
   int count = 0;
   ARCPOOL_RETURN_IF_ERROR(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
   if (peer == device || peer < 0 || peer >= count) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
-                "peer_devices: %d is %s (the pool is device %d's, of %d devices)", peer,
+                "%s: %d is %s (the pool is device %d's, of %d devices)", what, peer,
                 peer == device ? "the pool's own device" : "not a device", device, count);
   }
   int can = 0;
@@ -656,9 +695,9 @@ arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer) {
       check(cudaDeviceCanAccessPeer(&can, peer, device), "cudaDeviceCanAccessPeer"));
   if (can == 0) {
     return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                "peer_devices: device %d cannot access device %d's memory "
+                "%s: device %d cannot access device %d's memory "
                 "(cudaDeviceCanAccessPeer answers 0)",
-                peer, device);
+                what, peer, device);
   }
   cudaMemAccessDesc access{};
   access.location.type = cudaMemLocationTypeDevice;
@@ -670,9 +709,9 @@ arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer) {
       check(cudaMemPoolGetAccess(&granted, pool, &access.location), "cudaMemPoolGetAccess"));
   if (granted != cudaMemAccessFlagsProtReadWrite) {
     return fail(ARCPOOL_STATUS_CUDA_ERROR,
-                "peer_devices: cudaMemPoolSetAccess succeeded, yet device %d has access %d to "
+                "%s: cudaMemPoolSetAccess succeeded, yet device %d has access %d to "
                 "device %d's pool, not read-write",
-                peer, static_cast<int>(granted), device);
+                what, peer, static_cast<int>(granted), device);
   }
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -718,7 +757,7 @@ arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* o
   }
   for (int peer : config.peer_devices) {
     if (status != ARCPOOL_STATUS_SUCCESS) break;
-    status = grant_peer_access(pool, config.device, peer);
+    status = grant_peer_access(pool, config.device, peer, "peer_devices");
   }
   if (status != ARCPOOL_STATUS_SUCCESS) {
     discard(cudaMemPoolDestroy(pool));

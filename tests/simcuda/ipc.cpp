@@ -43,6 +43,7 @@ constexpr size_t kSlots = 4096;
 struct ipc_table {
   uint64_t magic;
   uint64_t capacity;
+  int64_t device;  ///< the device whose memory this is (simcuda numbers devices alike everywhere)
   ipc_slot slots[kSlots];
 };
 
@@ -130,6 +131,7 @@ void init_ipc_table(device_obj& d) {
   d.ipc = static_cast<ipc_table*>(t);
   d.ipc->magic = kTableMagic;
   d.ipc->capacity = d.capacity;
+  d.ipc->device = d.ordinal;
   d.inode = inode_of(d.fd);
 }
 
@@ -318,14 +320,23 @@ cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t* pool_out, void* 
     if (table != nullptr) munmap(table, ipc_table_bytes());
     return ret(cudaErrorInvalidValue);  // not a simcuda pool's descriptor
   }
-  // The same memory as the exporter's device, mapped here as a device's own is.
+  // The same memory as the exporter's device, mapped here as a device's own is. The pool
+  // resides on that device, whichever is current here: "Imported memory pools are initially
+  // only accessible from their resident device. The imported memory pool does not inherit any
+  // accessibility set by the exporting process. The importing process needs to enable access
+  // (with cudaMemPoolSetAccess) from any GPU it plans to access the memory from" (programming
+  // guide, "Set Access in the Importing Process").
+  if (device_at(static_cast<int>(table->device)) == nullptr) {
+    munmap(table, ipc_table_bytes());
+    return ret(cudaErrorInvalidValue);  // a device this process does not have
+  }
   void* base = map(fd, bytes, 0, PROT_NONE);
   void* alias = map(fd, bytes, 0, PROT_READ | PROT_WRITE);
   if (base == nullptr || alias == nullptr) return ret(cudaErrorMemoryAllocation);
-  device_obj& d = context_device();
+  context_device();
   auto pool = std::make_unique<pool_obj>();
   pool->handle = new_handle();
-  pool->device = d.ordinal;
+  pool->device = static_cast<int>(table->device);
   pool->imported = true;
   const size_t index = r.region_count.load(std::memory_order_relaxed);
   if (index == r.regions.size()) {
