@@ -241,6 +241,74 @@ TEST_P(GraphCapture, EarlierMemoryFreedDuringCaptureIsReclaimedOnlyAfterTheGraph
   EXPECT_EQ("", take_simcuda_violations());
 }
 
+TEST_P(GraphCapture, AUserObjectsDestructorNeverWaitsForTheReclaimWorker) {
+  // cudaUserObjectCreate: "Destructor callbacks cannot make CUDA API calls and should avoid
+  // blocking behavior, as they are executed by a shared internal thread."
+  if (!on_simcuda()) GTEST_SKIP() << "needs simcuda's pause points (simcuda_delay_calls)";
+  arcpool_stream_t s = make_stream(), other = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  begin(s);
+  fill_async(s, data(a), kBytes, 5);
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  // The reclaim worker polls a deferred free's fence in queries of 2 s each, its lock held.
+  ASSERT_TRUE(simcuda_delay_calls("cudaEventQuery", 2000));
+  arcpool_allocation_t* b = allocate(kBytes, s);
+  ASSERT_OK(arcpool_record_use(b, other));
+  ASSERT_OK(arcpool_deallocate_async(b, other, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  arcpool_allocation_release(b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the worker is querying
+  const uint64_t before = simcuda_destructors_run(nullptr);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  uint64_t longest_us = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (simcuda_destructors_run(&longest_us) == before &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  simcuda_delay_calls("cudaEventQuery", 0);
+  EXPECT_LT(longest_us, 500'000u) << "the graph's user-object destructor blocked for " << longest_us
+                                  << " us, waiting for the reclaim worker";
+  // The worker still gives the deferred frees back.
+  sync(s);
+  sync(other);
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
+TEST_P(GraphCapture, TwoThreadsFreeingIntoOneCaptureNeverCallOnItsGraphAtOnce) {
+  // Driver API, "Graph object thread safety": "API calls accessing the same graph object must
+  // be serialized externally". simcuda reports a call on a graph that another thread's call is
+  // paused inside.
+  if (!on_simcuda()) GTEST_SKIP() << "needs simcuda's pause points (simcuda_delay_calls)";
+  arcpool_stream_t s = make_stream(), joined = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  arcpool_allocation_t* b = allocate(kBytes, joined);
+  begin(s);
+  edge(s, joined);  // both streams capture into one graph
+  ASSERT_TRUE(simcuda_delay_calls("cudaGraphRetainUserObject", 300));
+  std::thread second([&] { EXPECT_OK(arcpool_deallocate_async(b, joined, 0)); });
+  EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+  second.join();
+  simcuda_delay_calls("cudaGraphRetainUserObject", 0);
+  EXPECT_EQ(2u, stats().graph_deferred_frees);
+  arcpool_allocation_release(a);
+  arcpool_allocation_release(b);
+  edge(joined, s);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  EXPECT_EQ("", take_simcuda_violations()) << "two calls on the capture's graph overlapped";
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (stats().bytes_held_current - stats().bytes_cached_current != 0 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
 TEST_P(GraphCapture, TheStreamCacheIsNeitherHitNorFilledDuringCapture) {
   arcpool_stream_t s = make_stream();
   arcpool_allocation_t* cached = allocate(kBytes, s);

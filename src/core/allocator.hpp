@@ -126,8 +126,21 @@ class allocator {
   arcpool_status_t begin_graph_pool(graph_pool& pool, stream_handle s);
   /// Unbinds the captures of `pool` begun on `s`.
   arcpool_status_t end_graph_pool(graph_pool& pool, stream_handle s);
-  /// A bound capture's graph is gone: its binding goes (the CUDA runtime's thread; no call).
+  /// A bound capture's graph is gone: its binding goes (on the reclaim worker).
   void unbind_capture(uint64_t capture) noexcept;
+  /// A user object now holds `task`, which its destructor will post (post_task): takes the
+  /// record that keeps the allocator alive through that post, and starts the reclaim worker.
+  void await_posted_task() {
+    record_created();
+    reclaimer_.expect_post();
+  }
+  /// From a user object's destructor (CUDA's internal thread, which may neither call CUDA nor
+  /// block): hands `task` to the reclaim worker, which runs it, then drops await_posted_task's
+  /// record, its last touch of the allocator.
+  void post_task(posted_task* task) noexcept {
+    reclaimer_.post(task);
+    record_destroyed();
+  }
 
   // --- By pointer (frameworks, memory resources), by_pointer.cpp ------------------------
   /// Allocates and records the allocation by its data pointer (null for zero bytes).

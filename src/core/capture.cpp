@@ -11,15 +11,21 @@
 namespace arcpool::detail {
 
 /// A free of memory from before a capture, deferred until the graph's life ends: the driver
-/// runs open() then (CUDA: a user object's destructor, on a runtime thread that may make no
-/// CUDA call), which only hands the item to the reclaim worker. It counts as a record of the
-/// allocator, which therefore outlives it.
-struct graph_gate {
+/// runs open() then (CUDA: a user object's destructor, on a runtime thread that may neither make
+/// a CUDA call nor block), which posts the gate to the reclaim worker; the worker hands the item
+/// to itself. The gate counts as a record of the allocator, which therefore outlives it.
+struct graph_gate final : posted_task {
+  graph_gate(allocator& a, reclaim_item i) : owner(a), item(std::move(i)) { run = &enqueue_item; }
+
   allocator& owner;
   reclaim_item item;
 
   static void open(void* p) noexcept {
     auto* gate = static_cast<graph_gate*>(p);
+    gate->owner.post_task(gate);
+  }
+  static void enqueue_item(posted_task* task) noexcept {
+    auto* gate = static_cast<graph_gate*>(task);
     allocator& owner = gate->owner;
     owner.reclaimer_.enqueue(std::move(gate->item));
     delete gate;
@@ -255,7 +261,7 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   // that capture's graph (the fences make the free follow the streams' work).
   item.pointer = a.placement.base;
   item.bytes = a.placement.held_bytes;
-  auto* gate = new (std::nothrow) graph_gate{*this, std::move(item)};
+  auto* gate = new (std::nothrow) graph_gate(*this, std::move(item));
   if (gate == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a free");
   // The ownership change cannot fail now (deallocate checked it under this record's lock), so
   // it follows the one call that can: a failed defer leaves the allocation as it was.
@@ -266,6 +272,7 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
     record_destroyed();
     return status;
   }
+  await_posted_task();
   const arcpool_status_t status = commit(a, force, implicit, caller.handle);
   a.uses.clear();
   stats_.count(stat::graph_deferred_frees);
@@ -322,14 +329,21 @@ arcpool_status_t allocator::create_graph_pool(graph_pool** out) {
 
 namespace {
 
-/// A capture bound to a graph pool: when the capture's graph is gone (the CUDA runtime's
-/// user-object thread; no CUDA call), its binding goes, its freed blocks become free for any
-/// bound capture, and the pool loses the capture's reference.
-struct capture_binding_gate {
+/// A capture bound to a graph pool: when the capture's graph is gone (a user object's
+/// destructor, which posts the gate to the reclaim worker), its binding goes, its freed blocks
+/// become free for any bound capture, and the pool loses the capture's reference.
+struct capture_binding_gate final : posted_task {
+  capture_binding_gate(graph_pool& p, uint64_t c) : pool(&p), capture(c) { run = &end_binding; }
+
   graph_pool* pool;
   uint64_t capture;
+
   static void open(void* p) noexcept {
     auto* gate = static_cast<capture_binding_gate*>(p);
+    gate->pool->owner().post_task(gate);
+  }
+  static void end_binding(posted_task* task) noexcept {
+    auto* gate = static_cast<capture_binding_gate*>(task);
     gate->pool->owner().unbind_capture(gate->capture);
     gate->pool->capture_ended(gate->capture);
     gate->pool->release();
@@ -364,7 +378,7 @@ arcpool_status_t allocator::begin_graph_pool(graph_pool& pool, stream_handle s) 
     }
     graph_bindings_.push_back(graph_binding{capture.id, s, &pool});
   }
-  auto* gate = new (std::nothrow) capture_binding_gate{&pool, capture.id};
+  auto* gate = new (std::nothrow) capture_binding_gate(pool, capture.id);
   arcpool_status_t status = gate == nullptr
                                 ? fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a binding")
                                 : ARCPOOL_STATUS_SUCCESS;
@@ -374,6 +388,8 @@ arcpool_status_t allocator::begin_graph_pool(graph_pool& pool, stream_handle s) 
     if (status != ARCPOOL_STATUS_SUCCESS) {
       delete gate;
       pool.release();
+    } else {
+      await_posted_task();
     }
   }
   if (status != ARCPOOL_STATUS_SUCCESS) unbind_capture(capture.id);

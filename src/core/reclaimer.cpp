@@ -68,9 +68,43 @@ void reclaimer::enqueue(reclaim_item item) {
   if (item.counted_on != nullptr) item.counted_on->deferred_free();
   std::lock_guard<std::mutex> lock(mutex_);
   items_.push_back(std::move(item));
-  queued_.store(items_.size(), std::memory_order_relaxed);
   start_locked();
   work_cv_.notify_one();
+}
+
+void reclaimer::expect_post() {
+  expected_posts_.fetch_add(1, std::memory_order_acq_rel);
+  std::lock_guard<std::mutex> lock(mutex_);
+  start_locked();
+}
+
+void reclaimer::post(posted_task* task) noexcept {
+  posted_task* head = posted_.load(std::memory_order_relaxed);
+  do {
+    task->next = head;
+  } while (!posted_.compare_exchange_weak(head, task, std::memory_order_release,
+                                          std::memory_order_relaxed));
+  // After the push: a worker that reads the count this leaves sees the task (release/acquire).
+  expected_posts_.fetch_sub(1, std::memory_order_acq_rel);
+  work_cv_.notify_one();
+}
+
+bool reclaimer::run_posted() {
+  posted_task* task = posted_.exchange(nullptr, std::memory_order_acquire);
+  if (task == nullptr) return false;
+  posted_task* oldest_first = nullptr;
+  while (task != nullptr) {
+    posted_task* next = task->next;
+    task->next = oldest_first;
+    oldest_first = task;
+    task = next;
+  }
+  while (oldest_first != nullptr) {
+    posted_task* next = oldest_first->next;
+    oldest_first->run(oldest_first);  // may free the task, and enqueue
+    oldest_first = next;
+  }
+  return true;
 }
 
 size_t reclaimer::pending() const {
@@ -196,7 +230,6 @@ std::vector<std::pair<reclaim_item, bool>> reclaimer::take_completed_locked() {
     }
   }
   completing_ += done.size();
-  queued_.store(items_.size(), std::memory_order_relaxed);
   return done;
 }
 
@@ -212,6 +245,7 @@ void reclaimer::finish(std::vector<std::pair<reclaim_item, bool>>& done) {
 }
 
 size_t reclaimer::poll_once() {
+  run_posted();
   std::vector<std::pair<reclaim_item, bool>> done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -228,8 +262,21 @@ void reclaimer::run() {
   auto backoff = kMinBackoff;
   for (;;) {
     if (stop_ || process_exiting()) return;
+    if (posted_.load(std::memory_order_acquire) != nullptr) {
+      lock.unlock();
+      run_posted();
+      lock.lock();
+      continue;
+    }
     if (items_.empty()) {
-      work_cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
+      auto ready = [&] {
+        return stop_ || !items_.empty() || posted_.load(std::memory_order_acquire) != nullptr;
+      };
+      if (expected_posts_.load(std::memory_order_acquire) > 0) {
+        work_cv_.wait_for(lock, kPostRecheck, ready);
+      } else {
+        work_cv_.wait(lock, ready);
+      }
       backoff = kMinBackoff;
       continue;
     }
@@ -247,6 +294,7 @@ void reclaimer::run() {
 }
 
 arcpool_status_t reclaimer::drain() {
+  run_posted();
   std::vector<reclaim_item> items;
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -255,7 +303,6 @@ arcpool_status_t reclaimer::drain() {
     // that allocated and ran out of memory).
     if (!t_completing) idle_cv_.wait(lock, [&] { return completing_ == 0; });
     items.swap(items_);
-    queued_.store(0, std::memory_order_relaxed);
     completing_ += items.size();
   }
   const bool was_completing = std::exchange(t_completing, true);

@@ -1,7 +1,8 @@
 // The reclaim worker of one allocator: polls the fences of deferred frees and gives the memory
 // back once they all completed, on the origin stream when it is provably alive, else on its own
 // non-blocking reclaim stream (design.md §4, strategy 3). Never blocks a stream; never runs
-// from a CUDA host callback.
+// from a CUDA host callback. It also runs the work that CUDA's user-object destructors hand it
+// (posted_task), since those destructors may neither call CUDA nor block.
 #pragma once
 
 #include <atomic>
@@ -42,6 +43,17 @@ struct reclaim_item {
   small_vector<stream_ref, 2> fence_later;
 };
 
+/// Work that a thread which must not block hands to the reclaim worker: a user object's
+/// destructor, of which cudaUserObjectCreate says "Destructor callbacks cannot make CUDA API
+/// calls and should avoid blocking behavior, as they are executed by a shared internal thread.
+/// Another thread may be signaled to perform such actions". Intrusive, so that posting
+/// allocates nothing.
+struct posted_task {
+  /// The work, run once on the worker (or a thread that polls or drains), with no lock held.
+  void (*run)(posted_task*) noexcept = nullptr;
+  posted_task* next = nullptr;  ///< the reclaimer's inbox link
+};
+
 class reclaimer {
  public:
   /// `before_free` (may be null) runs before every pool free it enqueues (the poison hook).
@@ -55,6 +67,13 @@ class reclaimer {
 
   /// Queues `item`; the worker gives it back once its fences completed. Never blocks.
   void enqueue(reclaim_item item);
+
+  /// Announces a post() to come (a user object armed with a posted task): starts the worker,
+  /// and keeps it looking at its inbox now and then while idle until the post has come.
+  void expect_post();
+  /// Hands `task` to the worker without blocking: no lock, no allocation, no CUDA call; a
+  /// lock-free push and a notification. The caller keeps the reclaimer alive until it returns.
+  void post(posted_task* task) noexcept;
 
   /// Completes every pending item now: blocks on its fences, frees on the reclaim stream and
   /// synchronizes that stream, so the memory is reusable when it returns. For out-of-memory
@@ -92,6 +111,8 @@ class reclaimer {
   /// Completes items taken by take_completed_locked (lock not held).
   void finish(std::vector<std::pair<reclaim_item, bool>>& done);
   void start_locked();
+  /// Runs every posted task, oldest first (lock not held). True when there was one.
+  bool run_posted();
   /// Drops completed fences from the back of `item`; true when none is left (or one failed,
   /// which `failed` reports).
   bool poll(reclaim_item& item, bool* failed);
@@ -115,8 +136,7 @@ class reclaimer {
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;
   std::vector<reclaim_item> items_;
-  std::atomic<size_t> queued_{0};  ///< items_.size(), readable without the lock
-  size_t completing_ = 0;          ///< items the worker moved out and is completing now
+  size_t completing_ = 0;  ///< items the worker moved out and is completing now
   bool stop_ = false;
   std::thread worker_;
   std::thread::id worker_id_;  ///< the worker's, kept after worker_ is taken to be joined
@@ -129,6 +149,13 @@ class reclaimer {
 
   static constexpr std::chrono::microseconds kMinBackoff{20};
   static constexpr std::chrono::microseconds kMaxBackoff{1000};
+
+  std::atomic<posted_task*> posted_{nullptr};  ///< the inbox, newest first
+  /// Posts announced and not yet made. While some are, the idle worker looks at its inbox every
+  /// kPostRecheck: a post notifies without the lock, so its notification can come between the
+  /// worker's look and its wait.
+  std::atomic<int64_t> expected_posts_{0};
+  static constexpr std::chrono::milliseconds kPostRecheck{50};
 };
 
 }  // namespace arcpool::detail

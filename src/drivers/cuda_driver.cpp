@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <mutex>
 #include <new>
 
 #include "drivers/driver.hpp"
@@ -207,6 +208,16 @@ cudaEvent_t cu(event_handle e) {
   return static_cast<cudaEvent_t>(e);
 }
 
+/// Serializes arcpool's calls on capture graphs. "Graph objects (cudaGraph_t, CUgraph) are not
+/// internally synchronized and must not be accessed concurrently from multiple threads. API
+/// calls accessing the same graph object must be serialized externally" (Driver API, "Graph
+/// object thread safety"): two threads freeing on two streams of one capture reach its one
+/// graph. Process-wide, since allocators of several devices may free into one capture.
+std::mutex& graph_calls_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 /// Defined below, with the owned pool's setup.
 arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer, const char* what);
 
@@ -361,10 +372,13 @@ class cuda_driver final : public driver {
       delete d;
       return status;
     }
-    const arcpool_status_t status =
-        check(cudaGraphRetainUserObject(static_cast<cudaGraph_t>(graph), object, 1,
-                                        cudaGraphUserObjectMove),
-              "cudaGraphRetainUserObject");
+    cudaError_t retained = cudaSuccess;
+    {
+      std::lock_guard<std::mutex> lock(graph_calls_mutex());
+      retained = cudaGraphRetainUserObject(static_cast<cudaGraph_t>(graph), object, 1,
+                                           cudaGraphUserObjectMove);
+    }
+    const arcpool_status_t status = check(retained, "cudaGraphRetainUserObject");
     if (status != ARCPOOL_STATUS_SUCCESS) {
       d->armed = false;
       discard(cudaUserObjectRelease(object, 1));

@@ -115,7 +115,8 @@ class driver {
   virtual arcpool_status_t stream_capture_info(stream_handle s, capture_info* out);
   /// Makes `fn(user_data)` run exactly once, when `graph` (a cudaGraph_t being captured), its
   /// instantiations and their launches are all gone (CUDA: a user object the graph owns). `fn`
-  /// runs on a thread of the runtime's and must not call the driver. On failure it never runs.
+  /// runs on a thread of the runtime's and must neither call the driver nor block. On failure it
+  /// never runs.
   virtual arcpool_status_t graph_defer(void* graph, arcpool_host_fn_t fn, void* user_data);
   /// Enqueues `fn(user_data)` in stream order. `fn` must not call the driver.
   virtual arcpool_status_t launch_host_func(stream_handle s, arcpool_host_fn_t fn,

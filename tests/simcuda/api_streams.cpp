@@ -535,6 +535,7 @@ cudaError_t cudaEventRecord_ptsz(cudaEvent_t e, cudaStream_t s) {
 
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
   SIMCUDA_ENTER("cudaEventQuery");
+  pause_point(lock, "cudaEventQuery");
   event_obj* e = resolve_event(ev, "cudaEventQuery");
   if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
   if (e->opened) return ret(ipc_event_query(*e));

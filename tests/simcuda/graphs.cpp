@@ -3,7 +3,9 @@
 // reference (cudaGraphInstantiate, cudaGraphLaunch, cudaGraphAddMemAllocNode, the user-object
 // calls) and the programming guide's "Graph Memory Nodes" and "CUDA User Objects".
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <thread>
 
 #include "state.hpp"
 
@@ -39,9 +41,16 @@ void destructor_thread() {
     r.destructors.pop_front();
     lock.unlock();
     ts().in_host_function = true;
+    const auto start = std::chrono::steady_clock::now();
     u->destroy(u->ptr);
+    const auto took = std::chrono::steady_clock::now() - start;
     ts().in_host_function = false;
     lock.lock();
+    // simcuda_destructors_run: a test tells a destructor that blocked from the time it took.
+    ++r.destructors_run;
+    r.longest_destructor_us =
+        std::max<uint64_t>(r.longest_destructor_us,
+                           std::chrono::duration_cast<std::chrono::microseconds>(took).count());
   }
 }
 
@@ -60,6 +69,22 @@ T* resolve(std::unordered_map<uintptr_t, std::unique_ptr<T>>& map, const void* h
     return nullptr;
   }
   return it->second.get();
+}
+
+/// A live graph, for `call`. "Graph objects (cudaGraph_t, CUgraph) are not internally
+/// synchronized and must not be accessed concurrently from multiple threads. API calls accessing
+/// the same graph object must be serialized externally" (Driver API, "Graph object thread
+/// safety"). simcuda's lock makes every call atomic, so a call on a graph that another thread's
+/// call has paused inside (pause_point) stands for the overlap that CUDA forbids.
+graph_obj* resolve_graph(const void* handle, const char* call) {
+  graph_obj* g = resolve(rt().graphs, handle, "graph", call);
+  if (g != nullptr && g->inside != std::thread::id{} && g->inside != std::this_thread::get_id()) {
+    violation(
+        format("%s on graph %p while another thread is inside %s on it: graph objects are "
+               "not internally synchronized, and calls on one must be serialized",
+               call, handle, g->inside_call));
+  }
+  return g;
 }
 
 user_obj* resolve_user_object(cudaUserObject_t handle, const char* call) {
@@ -101,7 +126,7 @@ cudaError_t instantiate(cudaGraphExec_t* out, cudaGraph_t handle, unsigned long 
                         const char* call) {
   SIMCUDA_ENTER(call);
   if (out == nullptr) return ret(cudaErrorInvalidValue);
-  graph_obj* g = resolve(r.graphs, handle, "graph", call);
+  graph_obj* g = resolve_graph(handle, call);
   if (g == nullptr || !g->captured) return ret(cudaErrorInvalidValue);
   constexpr unsigned long long kKnown =
       cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUpload |
@@ -314,7 +339,7 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t handle) {
 
 cudaError_t cudaGraphDestroy(cudaGraph_t handle) {
   SIMCUDA_ENTER("cudaGraphDestroy");
-  graph_obj* g = resolve(r.graphs, handle, "graph", "cudaGraphDestroy");
+  graph_obj* g = resolve_graph(handle, "cudaGraphDestroy");
   if (g == nullptr) return ret(cudaErrorInvalidValue);
   // cudaStreamGetCaptureInfo, graph_out: "All operations other than destroy and node removal
   // are permitted on the graph while the capture sequence is in progress."
@@ -369,7 +394,7 @@ cudaError_t cudaUserObjectRelease(cudaUserObject_t object, unsigned int count) {
 cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t object,
                                       unsigned int count, unsigned int flags) {
   SIMCUDA_ENTER("cudaGraphRetainUserObject");
-  graph_obj* g = resolve(r.graphs, graph, "graph", "cudaGraphRetainUserObject");
+  graph_obj* g = resolve_graph(graph, "cudaGraphRetainUserObject");
   user_obj* u = resolve_user_object(object, "cudaGraphRetainUserObject");
   if (g == nullptr || u == nullptr || !valid_count(count) ||
       (flags & ~unsigned{cudaGraphUserObjectMove}) != 0) {
@@ -379,13 +404,19 @@ cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t object
   // rather than create new references."
   if ((flags & cudaGraphUserObjectMove) == 0) u->refs += count;
   g->user_refs[u] += count;
+  // Inside the call on the graph across the pause (simcuda_delay_calls), as a real call is for
+  // its whole length.
+  g->inside = std::this_thread::get_id();
+  g->inside_call = "cudaGraphRetainUserObject";
+  pause_point(lock, "cudaGraphRetainUserObject");
+  g->inside = std::thread::id{};
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphReleaseUserObject(cudaGraph_t graph, cudaUserObject_t object,
                                        unsigned int count) {
   SIMCUDA_ENTER("cudaGraphReleaseUserObject");
-  graph_obj* g = resolve(r.graphs, graph, "graph", "cudaGraphReleaseUserObject");
+  graph_obj* g = resolve_graph(graph, "cudaGraphReleaseUserObject");
   user_obj* u = resolve_user_object(object, "cudaGraphReleaseUserObject");
   if (g == nullptr || u == nullptr || !valid_count(count)) return ret(cudaErrorInvalidValue);
   auto it = g->user_refs.find(u);

@@ -36,6 +36,17 @@ uint64_t simcuda_primary_contexts(int device);
 /** cuDevicePrimaryCtxRetain calls on `device` not yet released. */
 uint64_t simcuda_primary_retains(int device);
 
+/** Makes every later call of `name` pause for `milliseconds` (0: no more) at its pause point,
+ * with the runtime's lock released, so that other threads can call in meanwhile: a test's
+ * window for a race. Only two calls have a pause point: cudaEventQuery (at its start) and
+ * cudaGraphRetainUserObject (with its graph in use, see docs/simcuda.md). Returns 1, or 0 for
+ * another name. */
+int simcuda_delay_calls(const char* name, unsigned milliseconds);
+
+/** User-object destructors that have returned so far; the longest any ran, in microseconds,
+ * goes to *longest_us unless it is null. */
+uint64_t simcuda_destructors_run(uint64_t* longest_us);
+
 /** Waits that pools inserted between streams to reuse memory (internal dependencies). */
 uint64_t simcuda_hidden_waits(void);
 

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "simcuda.h"
 
@@ -166,6 +168,15 @@ cudaError_t enter(const char* name) {
   return r.sticky;
 }
 
+void pause_point(std::unique_lock<std::mutex>& lock, const char* name) {
+  const auto it = rt().delays.find(name);
+  if (it == rt().delays.end()) return;
+  const std::chrono::milliseconds delay(it->second);
+  lock.unlock();
+  std::this_thread::sleep_for(delay);
+  lock.lock();
+}
+
 cudaError_t ret(cudaError_t e) {
   thread_state& t = ts();
   // cudaGetLastError: "Returns the last error that has been produced by any of the runtime
@@ -275,6 +286,28 @@ int simcuda_fail_next(const char* name, int error) {
   std::lock_guard<std::mutex> lock(rt().mu);
   rt().fail_next[name] = static_cast<cudaError_t>(error);
   return 1;
+}
+
+int simcuda_delay_calls(const char* name, unsigned milliseconds) {
+  if (name == nullptr) return 0;
+  const auto& calls = simcuda::kPausingCalls;
+  if (std::none_of(std::begin(calls), std::end(calls),
+                   [&](const char* c) { return std::strcmp(c, name) == 0; })) {
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(rt().mu);
+  if (milliseconds == 0) {
+    rt().delays.erase(name);
+  } else {
+    rt().delays[name] = milliseconds;
+  }
+  return 1;
+}
+
+uint64_t simcuda_destructors_run(uint64_t* longest_us) {
+  std::lock_guard<std::mutex> lock(rt().mu);
+  if (longest_us != nullptr) *longest_us = rt().longest_destructor_us;
+  return rt().destructors_run;
 }
 
 uint64_t simcuda_hidden_waits(void) {

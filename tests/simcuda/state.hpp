@@ -177,6 +177,9 @@ struct graph_obj {
   size_t branches = 1;
   std::map<user_obj*, uint64_t> user_refs;  ///< references the graph owns
   exec_obj* exec = nullptr;                 ///< its live instantiation, when it has memory nodes
+  /// The thread inside a call on the graph across a pause point, and that call (resolve_graph).
+  std::thread::id inside;
+  const char* inside_call = nullptr;
   bool has_memory_nodes() const;
 };
 
@@ -335,6 +338,9 @@ struct runtime {
   std::vector<std::string> violations;  ///< not yet taken
   uint64_t violation_total = 0;
   std::map<std::string, cudaError_t> fail_next;  ///< simcuda_fail_next: one failure per call
+  std::map<std::string, unsigned> delays;        ///< simcuda_delay_calls: milliseconds per call
+  uint64_t destructors_run = 0;                  ///< user-object destructors that returned
+  uint64_t longest_destructor_us = 0;            ///< the longest of them
   std::unordered_map<std::string, uint64_t> calls;
 };
 
@@ -382,6 +388,11 @@ cudaError_t enter(const char* name);
   if (cudaError_t sticky_ = ::simcuda::enter(name)) return ::simcuda::ret(sticky_)
 /// Sets the thread's last error to `e` (unless success) and returns it.
 cudaError_t ret(cudaError_t e);
+/// The calls that have a pause point (simcuda_delay_calls).
+constexpr const char* kPausingCalls[] = {"cudaEventQuery", "cudaGraphRetainUserObject"};
+/// A pause point of the call `name`: sleeps for its simcuda_delay_calls delay, if any, with
+/// `lock` (the runtime's) released, so that other threads may call in meanwhile.
+void pause_point(std::unique_lock<std::mutex>& lock, const char* name);
 /// printf into a string.
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 /// A new handle value, never reused.

@@ -76,4 +76,17 @@ bool simcuda_fail_next(const char* name, int error) {
   return fail != nullptr && fail(name, error) != 0;
 }
 
+bool simcuda_delay_calls(const char* name, unsigned milliseconds) {
+  using delay_fn = int (*)(const char*, unsigned);
+  static const delay_fn delay = lookup<delay_fn>("simcuda_delay_calls");
+  return delay != nullptr && delay(name, milliseconds) != 0;
+}
+
+uint64_t simcuda_destructors_run(uint64_t* longest_us) {
+  using run_fn = uint64_t (*)(uint64_t*);
+  static const run_fn run = lookup<run_fn>("simcuda_destructors_run");
+  if (longest_us != nullptr) *longest_us = 0;
+  return run == nullptr ? 0 : run(longest_us);
+}
+
 }  // namespace arcpool::test

@@ -41,4 +41,13 @@ uint64_t simcuda_unverified_warnings();
 /// elsewhere returns false.
 bool simcuda_fail_next(const char* name, int error);
 
+/// On simcuda, makes every later call of `name` pause for `milliseconds` (0: no more) with the
+/// runtime unlocked (see simcuda_delay_calls) and returns true; elsewhere, or for a call without
+/// a pause point, returns false.
+bool simcuda_delay_calls(const char* name, unsigned milliseconds);
+
+/// User-object destructors simcuda ran so far, with the longest one's time in microseconds in
+/// `*longest_us` (0 and 0 when not on simcuda).
+uint64_t simcuda_destructors_run(uint64_t* longest_us);
+
 }  // namespace arcpool::test
