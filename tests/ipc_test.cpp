@@ -502,6 +502,36 @@ TEST_F(IpcExporter, AnAllocationTheImporterCannotImportIsRefusedAndItsClaimGoes)
 
 // arcpool_ipc_exporter_destroy "Never blocks": not even when the socket is full because the
 // importer does not read (the goodbye then goes as the end of the exporter's side).
+TEST_F(IpcExporter, AnAllocationWhoseStreamCapturesIsNotSentAndTheCaptureGoesOn) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  // The importer's fence is an event recorded on the allocation's current stream: recorded in a
+  // capture, it would be a node of the graph, not the work queued so far.
+  start("ImporterConnectsAndWaits");
+  ASSERT_EQ('c', read_report(c.pipe)) << "the importer did not connect";
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
+  const auto cs = static_cast<cudaStream_t>(s);
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_send(e, h));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "is capturing a CUDA graph"))
+      << arcpool_last_error();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaSuccess, cudaStreamIsCapturing(cs, &status));
+  EXPECT_EQ(cudaStreamCaptureStatusActive, status);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(cs, &graph));
+  cudaGraphDestroy(graph);
+  size_t outstanding = 1;
+  ASSERT_OK(arcpool_ipc_exporter_outstanding(e, &outstanding));
+  EXPECT_EQ(0u, outstanding);
+  ASSERT_OK(arcpool_deallocate_async(h, s, 0));
+  arcpool_allocation_release(h);
+  ASSERT_EQ(1, write(c.pipe, "x", 1));  // the importer goes
+  const int child_status = reap_child();
+  EXPECT_TRUE(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0)
+      << "importer wait status " << child_status;
+}
+
 TEST_F(IpcExporter, DestroyReturnsWhileTheImporterDoesNotReadAFullSocket) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   c = spawn_child("ImporterConnectsAndWaits");

@@ -39,7 +39,8 @@ ARCPOOL_API arcpool_status_t arcpool_ipc_exporter_create(arcpool_allocator_t* al
  * sends the pointer's export data with the event. The exporter takes a claim and a reference,
  * dropped once the importer's free of its import has completed (the drop is ordered after the
  * importer's interprocess event), or once the importer's process has exited. Never blocks on
- * the device; the socket write may block while the importer does not read.
+ * the device; the socket write may block while the importer does not read. UNSUPPORTED while
+ * the current stream captures a graph (the event would be a node of the graph).
  */
 ARCPOOL_API arcpool_status_t arcpool_ipc_send(arcpool_ipc_exporter_t* exporter,
                                               arcpool_allocation_t* allocation);

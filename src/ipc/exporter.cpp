@@ -106,6 +106,19 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
   info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
   ARCPOOL_RETURN_IF_ERROR(arcpool_allocation_info(a, &info));
 
+  // The importer's fence is an event recorded on the current stream. Recorded during a capture
+  // it would be a node of the graph, which runs later and at every launch, not a record of the
+  // work queued so far.
+  const stream_handle current = info.current_stream;
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(drv_.stream_is_capturing(current, &capturing));
+  if (capturing) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "arcpool_ipc_send: the allocation's current stream %p is capturing a CUDA graph: "
+                "the importer's fence would be a node of the graph, not the work queued so far; "
+                "send it outside the capture",
+                static_cast<void*>(current));
+  }
   message m;
   m.kind = message_kind::allocation;
   m.size = placement.size;
