@@ -19,26 +19,12 @@
 #include <vector>
 
 #include "arcpool/arcpool.h"
+#include "support/driver_entry_point.hpp"
 #include "support/driver_test.hpp"
 #include "support/simcuda_probe.hpp"
 
 namespace arcpool::test {
 namespace {
-
-using context_get_fn = CUresult(CUDAAPI*)(CUcontext*);
-
-/// The context current on the calling thread (cuCtxGetCurrent, through the runtime).
-CUcontext current_context() {
-  static const context_get_fn get = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found);
-    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<context_get_fn>(fn) : nullptr;
-  }();
-  CUcontext ctx = nullptr;
-  if (get == nullptr || get(&ctx) != CUDA_SUCCESS) ADD_FAILURE() << "cuCtxGetCurrent failed";
-  return ctx;
-}
 
 int device_count() {
   int n = 0;
@@ -187,16 +173,6 @@ TEST(Devices, AnAllocatorGivesBackItsRetainOfThePrimaryContext) {
   EXPECT_EQ(before + 1, simcuda_primary_retains(1));
   arcpool_allocator_destroy(alloc);
   EXPECT_EQ(before, simcuda_primary_retains(1));
-}
-
-/// A driver function reached through the runtime, as arcpool reaches them (`version`: the CUDA
-/// version whose signature the caller uses).
-template <class Fn>
-Fn driver_function(const char* symbol, unsigned version = 12000) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found);
-  return found == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(fn) : nullptr;
 }
 
 TEST(Devices, AStreamOfAnotherContextOfTheDeviceIsRefused) {

@@ -15,15 +15,6 @@ constexpr int kWords = 256;
 
 }  // namespace
 
-void* driver_entry_point(const char* symbol, unsigned version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  EXPECT_EQ(cudaSuccess,
-            cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found));
-  EXPECT_EQ(cudaDriverEntryPointSuccess, found) << symbol;
-  return found == cudaDriverEntryPointSuccess ? fn : nullptr;
-}
-
 bool gpu_required() {
   const char* env = std::getenv("ARCPOOL_REQUIRE_GPU");
   return env != nullptr && std::strcmp(env, "1") == 0;

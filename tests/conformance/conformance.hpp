@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "support/driver_entry_point.hpp"
 #include "support/simcuda_probe.hpp"
 
 namespace conformance {
@@ -32,14 +33,7 @@ namespace conformance {
 
 bool gpu_required();
 std::string no_device_reason();
-/// A driver API function reached through the runtime (cudaGetDriverEntryPointByVersion, as
-/// arcpool reaches them), cast to `Fn`; a test failure and null when it is not found.
-/// `version`: the CUDA version whose signature `Fn` is (cuCtxCreate's changed in 13.0).
-void* driver_entry_point(const char* symbol, unsigned version = 12000);
-template <class Fn>
-Fn driver_function(const char* symbol, unsigned version = 12000) {
-  return reinterpret_cast<Fn>(driver_entry_point(symbol, version));
-}
+using arcpool::test::driver_function;
 using arcpool::test::on_simcuda;
 using arcpool::test::simcuda_calls;
 using arcpool::test::simcuda_hidden_waits;
