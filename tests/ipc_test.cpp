@@ -4,14 +4,17 @@
 // --gtest_filter), joined by a socketpair. The CUDA driver only: simcuda in CI, a GPU in
 // tools/device-check; the host driver has no IPC and says so.
 #include <cuda_runtime_api.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -355,6 +358,66 @@ TEST_F(IpcExporter, AKilledImporterIsNoticedAndTheExporterFrees) {
   EXPECT_EQ(1u, outstanding(e));
   EXPECT_EQ(kBytes, bytes_not_freed(a)) << "the exporter's claim keeps the allocation";
   ASSERT_EQ(0, kill(c.pid, SIGKILL));
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << "the death went unnoticed";
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
+      << bytes_not_freed(a) << " bytes not freed";
+  const int status = reap_child();
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+}
+
+/// Uses up every descriptor this process may open, until destroyed: the soft RLIMIT_NOFILE
+/// lowered to just above the highest open descriptor, and the free ones below it taken. The next
+/// open fails with EMFILE, pidfd_open included, as pidfd_open fails with ENOSYS before Linux 5.3.
+class descriptors_exhausted {
+ public:
+  descriptors_exhausted() {
+    EXPECT_EQ(0, getrlimit(RLIMIT_NOFILE, &saved_));
+    int highest = 2;
+    if (DIR* d = opendir("/proc/self/fd")) {
+      while (const dirent* entry = readdir(d))
+        highest = std::max(highest, std::atoi(entry->d_name));
+      closedir(d);
+    }
+    rlimit lowered = saved_;
+    lowered.rlim_cur = static_cast<rlim_t>(highest) + 1;
+    EXPECT_EQ(0, setrlimit(RLIMIT_NOFILE, &lowered));
+    for (int fd = dup(0); fd >= 0; fd = dup(0))
+      taken_.push_back(fd);
+    EXPECT_EQ(EMFILE, errno);
+  }
+  ~descriptors_exhausted() {
+    for (int fd : taken_)
+      close(fd);
+    setrlimit(RLIMIT_NOFILE, &saved_);
+  }
+  descriptors_exhausted(const descriptors_exhausted&) = delete;
+  descriptors_exhausted& operator=(const descriptors_exhausted&) = delete;
+
+ private:
+  rlimit saved_{};
+  std::vector<int> taken_;
+};
+
+TEST_F(IpcExporter, AnImporterThatHangsUpKeepsItsClaimsWhileItRunsEvenWithoutAPidfd) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  // The importer closes its side of the socket and goes on using its import; the exporter cannot
+  // open a pidfd for it (EMFILE here; ENOSYS on kernels before 5.3) and must keep its claim.
+  ASSERT_NO_FATAL_FAILURE(start("ImporterHoldsAndHangsUp"));
+  send_filled(a, {e}, s, 0x11);
+  ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
+  {
+    descriptors_exhausted none_left;
+    ASSERT_EQ(1, write(c.pipe, "x", 1));
+    ASSERT_EQ('u', read_report(c.pipe)) << "the importer did not hang up";
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the watcher saw the end
+    EXPECT_EQ(1u, outstanding(e)) << "the claim went while the importer still runs";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(1u, outstanding(e)) << "the claim went while the importer still runs";
+  EXPECT_EQ(kBytes, bytes_not_freed(a));
+  ASSERT_EQ(0, kill(c.pid, SIGKILL));
+  // Seen gone while a zombie still, before it is reaped.
   EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << "the death went unnoticed";
   ASSERT_OK(arcpool_stream_synchronize(a, s));
   EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
@@ -740,6 +803,23 @@ TEST(IpcChild, DISABLED_ImporterHolds) {
   arcpool::buffer b = im.receive(s.get());
   expect_filled(b.get(), s.get(), 0x11);
   report('h');
+  for (;;) {
+    pause();  // holding the import until killed
+  }
+}
+
+TEST(IpcChild, DISABLED_ImporterHoldsAndHangsUp) {
+  allocator_options options;
+  options.driver = ARCPOOL_DRIVER_CUDA;
+  arcpool::allocator a(options);
+  arcpool::stream s = a.create_stream();
+  arcpool::ipc_importer im(a, env_fd("ARCPOOL_IPC_SOCKET"));
+  arcpool::buffer b = im.receive(s.get());
+  expect_filled(b.get(), s.get(), 0x11);
+  report('h');
+  wait_for_parent();
+  ASSERT_EQ(0, shutdown(env_fd("ARCPOOL_IPC_SOCKET"), SHUT_RDWR));
+  report('u');
   for (;;) {
     pause();  // holding the import until killed
   }

@@ -1,11 +1,13 @@
 #include "ipc/exporter.hpp"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <thread>
 #include <vector>
@@ -267,11 +269,37 @@ void exporter::wait_for_importer_exit() noexcept {
   if (importer_pid_ <= 0 || importer_pid_ == getpid()) return;
   // pidfd_open (Linux 5.3): "the file descriptor becomes readable when the process terminates".
   const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, importer_pid_, 0));
-  if (pidfd < 0) return;  // gone already (ESRCH), or no pidfds: the socket's end must do
-  pollfd p{pidfd, POLLIN, 0};
-  while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    close(pidfd);
+    return;
   }
-  close(pidfd);
+  if (errno == ESRCH) return;  // gone already
+  // No pidfd (ENOSYS before Linux 5.3, as on RHEL 8's 4.18; EMFILE; a seccomp filter): the
+  // importer may live on and use its imports, so its claims stay until it is seen gone. Should
+  // its pid be reused meanwhile, they stay longer, never shorter.
+  while (process_running(importer_pid_)) {
+    std::this_thread::sleep_for(kExitPoll);
+  }
+}
+
+bool exporter::process_running(pid_t pid) noexcept {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  // A zombie (terminated, not reaped yet: state Z or X after the command name in
+  // /proc/PID/stat, proc(5)) no longer runs, as a pidfd would say.
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return true;  // no /proc: kill's answer stands
+  char stat[512];
+  const size_t n = std::fread(stat, 1, sizeof stat - 1, f);
+  std::fclose(f);
+  stat[n] = '\0';
+  const char* end_of_name = std::strrchr(stat, ')');
+  if (end_of_name == nullptr || end_of_name[1] != ' ') return true;
+  return end_of_name[2] != 'Z' && end_of_name[2] != 'X';
 }
 
 void exporter::drop(const sent& s) noexcept {

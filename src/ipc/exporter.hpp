@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -47,8 +48,11 @@ class exporter {
   bool release_after(uint64_t id, const ipc_event_data& importer_event) noexcept;
   /// The importer could not import `id`: its claim goes now, with no wait.
   void refused(uint64_t id) noexcept;
-  /// Blocks until the importing process has exited (its pidfd), when it holds imports.
+  /// Blocks until the importing process has exited (its pidfd, or without one a poll every
+  /// kExitPoll), when it holds imports.
   void wait_for_importer_exit() noexcept;
+  /// Whether process `pid` exists and has not terminated (a zombie has).
+  static bool process_running(pid_t pid) noexcept;
   /// Drops the claim and reference of `s` (the last claim deallocates).
   void drop(const sent& s) noexcept;
   void unref() noexcept;
@@ -64,6 +68,9 @@ class exporter {
   uint64_t next_id_ = 1;
   bool destroyed_ = false;
   std::atomic<int> refs_{2};  ///< the user's handle and the watching thread
+
+  /// How often an importer without a pidfd is looked at, once it hung up holding imports.
+  static constexpr std::chrono::milliseconds kExitPoll{10};
 };
 
 }  // namespace arcpool::detail::ipc
