@@ -7,13 +7,16 @@ CuPy's allocator hook passes no stream; this one reads CuPy's current stream on 
 memory is stream-ordered the way CuPy's own MemoryAsyncPool is. Callers that cannot read a
 stream use the ambient-stream policy of the C API (arcpool_allocator_set_ambient_stream).
 """
+import warnings
+
 from . import _lib
 
 _installed = None
 
 
 class _Block:
-    """Owns one arcpool allocation; frees it on CuPy's then-current stream when it dies.
+    """Owns one arcpool allocation; frees it on CuPy's then-current stream when it dies (on its
+    own stream when the current one refuses the free; a warning, never silence, if both do).
 
     It also holds the CuPy stream it was allocated on: cupy.cuda.Stream destroys its CUDA stream
     in __del__, and arrays routinely outlive their stream, but arcpool's free fences the
@@ -28,7 +31,16 @@ class _Block:
     def __del__(self):
         with self._cupy.cuda.Device(self.device):  # that device's current stream
             stream = self._cupy.cuda.get_current_stream().ptr
-        _lib.lib.arcpool_free_async(self.pointer, self.size, self.device, stream)
+        free = _lib.lib.arcpool_free_async
+        status = free(self.pointer, self.size, self.device, stream)
+        if status != 0 and self._stream is not None and self._stream.ptr != stream:
+            # The current stream can be one arcpool cannot free on: capturing a graph, and not
+            # arcpool's (an array collected inside stream.begin_capture()). Then the free goes
+            # on the allocation's own stream, as CuPy's MemoryAsync frees.
+            status = free(self.pointer, self.size, self.device, self._stream.ptr)
+        if status != 0:
+            warnings.warn(f"arcpool.cupy: {self.size} bytes at {self.pointer:#x} stay allocated: "
+                          f"{_lib.lib.arcpool_last_error().decode()}", RuntimeWarning)
         self._stream = None  # the allocation's stream may go now
 
 

@@ -9,6 +9,7 @@ import ctypes
 import sys
 import types
 import unittest
+import warnings
 
 
 def _simcuda():
@@ -118,6 +119,31 @@ class CupyHooksOnSimcuda(unittest.TestCase):
             self.malloc(1 << 62)
         self.assertIn("Out of memory allocating", str(caught.exception))
         self.assertIn("arcpool: ARCPOOL_STATUS_OUT_OF_MEMORY", str(caught.exception))
+        self.assertEqual("", _take_violations())
+
+    def test_an_array_collected_while_an_unknown_stream_captures_is_freed_on_its_own(self):
+        # Inside CuPy's stream.begin_capture(), an older array dies: arcpool cannot free it on the
+        # capturing stream (not arcpool's, so it could not fence it after the graph), and frees
+        # it on the stream it was allocated on, as CuPy's MemoryAsync does; never a silent leak.
+        from arcpool import cupy as arcpool_cupy
+
+        own = _Stream()
+        _Stream.current = own
+        array = self.malloc(1 << 20)
+        before = arcpool_cupy.stats()["allocated_bytes.all.current"]
+        capturing = _Stream()
+        self.assertEqual(0, RUNTIME.cudaStreamBeginCapture(ctypes.c_void_p(capturing.ptr), 1))
+        _Stream.current = capturing
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a warning fails the test
+            del array
+        _Stream.current = None
+        graph = ctypes.c_void_p()
+        self.assertEqual(0, RUNTIME.cudaStreamEndCapture(ctypes.c_void_p(capturing.ptr),
+                                                         ctypes.byref(graph)))
+        RUNTIME.cudaGraphDestroy(graph)
+        self.assertEqual(before - (1 << 20), arcpool_cupy.stats()["allocated_bytes.all.current"])
+        del own, capturing
         self.assertEqual("", _take_violations())
 
     def test_zero_size_arrays_need_no_stream(self):
