@@ -13,6 +13,11 @@
 //   allocate(stream, bytes, alignment), deallocate(stream, p, bytes, alignment),
 //   allocate_sync(bytes, alignment), deallocate_sync(p, bytes, alignment).
 // Never include this header with both CCCLs on the include path. Host-only: no nvcc needed.
+//
+// Out of memory throws arcpool::out_of_memory, a std::bad_alloc, not RMM's rmm::out_of_memory:
+// under RMM's failure_callback_resource_adaptor, name it as the adaptor's exception type
+// (failure_callback_resource_adaptor<Upstream, arcpool::out_of_memory>), or its callback (a
+// spill, say) never runs.
 #pragma once
 
 #ifndef LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE

@@ -30,7 +30,18 @@ Limits of any pluggable allocator, from PyTorch's CUDAPluggableAllocator (not ye
 with arcpool):
 - arcpool's out-of-memory reaches Python as RuntimeError with arcpool's message, not
   torch.cuda.OutOfMemoryError: PyTorch turns only c10::OutOfMemoryError into that type, and the
-  shim does not link libtorch. Code that catches OutOfMemoryError to back off will not see it.
+  shim does not link libtorch. Code that catches OutOfMemoryError to back off will not see it,
+  PyTorch's own included: its cuDNN v8 convolutions (Conv_v8.cpp) halve the workspace or try
+  the next engine on c10::OutOfMemoryError, and near the memory limit fail instead.
+- Peer access: PyTorch enables it with cudaDeviceEnablePeerAccess, and "cudaMallocAsync pools
+  are unaffected by cudaDeviceEnablePeerAccess" (PyTorch's PeerToPeerAccess.cpp; its own
+  cudaMallocAsync backend calls cudaMemPoolSetAccess). The per-device allocators install()
+  creates grant no peer access, so a kernel on one GPU that reads another GPU's tensor directly
+  (a peer copy PyTorch does in a kernel) would fault. Until the shim grants it, create the
+  allocators with peer_devices and install them with arcpool_default_allocator_set (C API).
+- Tensor.record_stream with a stream of another device raises RuntimeError: arcpool refuses
+  streams of other devices (docs/design.md, "Devices and contexts"); PyTorch's caching
+  allocator accepts them.
 - torch.backends.cudnn.benchmark = True makes convolutions ask the allocator for its largest
   cached block (cacheInfo), which CUDAPluggableAllocator refuses with "does not yet support
   cacheInfo"; keep benchmark mode off.
