@@ -390,6 +390,47 @@ TEST(Devices, APeerGrantedAccessMayUseThePoolsMemoryAndOnlyThen) {
       << "without peer_devices device 1 may not touch device 0's pool";
 }
 
+/// The child of ThePeerAccessEnvironmentGrantsReachableDevicesTheDefaultAllocatorsPools: a fresh
+/// process (no default allocator yet) with ARCPOOL_PEER_ACCESS=1 or without it. Device 1 writes
+/// memory of device 0's default allocator (the framework hooks' arcpool_malloc_async); prints
+/// simcuda's violations and exits 0 when there were none.
+[[noreturn]] void write_from_device_one_through_the_hooks(bool peer_access) {
+  if (peer_access) {
+    setenv("ARCPOOL_PEER_ACCESS", "1", 1);
+  } else {
+    unsetenv("ARCPOOL_PEER_ACCESS");
+  }
+  constexpr size_t kBytes = size_t{1} << 20;
+  void* p = arcpool_malloc_async(kBytes, 0, nullptr);
+  EXPECT_NE(nullptr, p) << arcpool_last_error();
+  EXPECT_EQ(cudaSuccess, cudaSetDevice(0));
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the peer's work follows the allocation
+  EXPECT_EQ(cudaSuccess, cudaSetDevice(1));
+  cudaStream_t peer = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
+  EXPECT_EQ(cudaSuccess, cudaMemsetAsync(p, 0x5a, kBytes, peer));
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(peer));  // the free follows the peer's work
+  EXPECT_EQ(cudaSuccess, cudaStreamDestroy(peer));
+  EXPECT_OK(arcpool_free_async(p, kBytes, 0, nullptr));
+  const std::string violations = take_simcuda_violations();
+  std::fprintf(stderr, "violations: %s\n", violations.empty() ? "none" : violations.c_str());
+  std::exit(violations.empty() && !::testing::Test::HasFailure() ? 0 : 1);
+}
+
+TEST(Devices, ThePeerAccessEnvironmentGrantsReachableDevicesTheDefaultAllocatorsPools) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  if (!on_simcuda()) GTEST_SKIP() << "simcuda checks the access (one GPU cannot test peers)";
+  // PyTorch enables peers with cudaDeviceEnablePeerAccess, and "cudaMallocAsync pools are
+  // unaffected by cudaDeviceEnablePeerAccess" (PyTorch's PeerToPeerAccess.cpp): the hooks'
+  // allocators grant it themselves under ARCPOOL_PEER_ACCESS=1. Fresh processes ("threadsafe"
+  // death tests), whose default allocators the variable is read for.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(write_from_device_one_through_the_hooks(true), ::testing::ExitedWithCode(0),
+              "violations: none");
+  EXPECT_EXIT(write_from_device_one_through_the_hooks(false), ::testing::ExitedWithCode(1),
+              "device 1 has no access");
+}
+
 TEST(Devices, PeersThatCannotBeGrantedAreRefused) {
   ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
   auto create = [](std::vector<int> peers, arcpool_pool_source_t source) {

@@ -36,9 +36,9 @@ with arcpool):
 - Peer access: PyTorch enables it with cudaDeviceEnablePeerAccess, and "cudaMallocAsync pools
   are unaffected by cudaDeviceEnablePeerAccess" (PyTorch's PeerToPeerAccess.cpp; its own
   cudaMallocAsync backend calls cudaMemPoolSetAccess). The per-device allocators install()
-  creates grant no peer access, so a kernel on one GPU that reads another GPU's tensor directly
-  (a peer copy PyTorch does in a kernel) would fault. Until the shim grants it, create the
-  allocators with peer_devices and install them with arcpool_default_allocator_set (C API).
+  creates grant no peer access unless ARCPOOL_PEER_ACCESS=1 is set before their first
+  allocation; without it a kernel on one GPU that reads another GPU's tensor directly (a peer
+  copy PyTorch does in a kernel) would fault.
 - Tensor.record_stream with a stream of another device raises RuntimeError: arcpool refuses
   streams of other devices (docs/design.md, "Devices and contexts"); PyTorch's caching
   allocator accepts them.

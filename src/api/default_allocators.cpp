@@ -1,6 +1,8 @@
 #include "api/default_allocators.hpp"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
@@ -90,6 +92,10 @@ arcpool_status_t default_allocator(int device, allocator** out) {
     arcpool_allocator_options_init(&options);
     options.device = device;
     ARCPOOL_RETURN_IF_ERROR(resolve_options(&options, &config));
+    // ARCPOOL_PEER_ACCESS=1: every device that can reach this one may use its memory, as
+    // frameworks' peer copies need (PyTorch's cudaDeviceEnablePeerAccess leaves pools alone).
+    const char* peers = std::getenv("ARCPOOL_PEER_ACCESS");
+    config.driver.all_reachable_peers = peers != nullptr && std::strcmp(peers, "1") == 0;
     ARCPOOL_RETURN_IF_ERROR(allocator::create(config, &slot));
     if (device < kLockFreeDevices) t.published[device].store(slot, std::memory_order_seq_cst);
   }

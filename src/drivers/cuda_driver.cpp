@@ -730,6 +730,22 @@ arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer, con
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+/// Gives read and write access to `pool` (of `device`) to every other device that can reach it
+/// (cudaDeviceCanAccessPeer: "Returns in *canAccessPeer a value of 1 if device device is capable
+/// of directly accessing memory from peerDevice"), skipping the others.
+arcpool_status_t grant_reachable_peers(cudaMemPool_t pool, int device) {
+  int count = 0;
+  ARCPOOL_RETURN_IF_ERROR(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  for (int peer = 0; peer < count; ++peer) {
+    if (peer == device) continue;
+    int can = 0;
+    ARCPOOL_RETURN_IF_ERROR(
+        check(cudaDeviceCanAccessPeer(&can, peer, device), "cudaDeviceCanAccessPeer"));
+    if (can != 0) ARCPOOL_RETURN_IF_ERROR(grant_peer_access(pool, device, peer, "peer access"));
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
 arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* out) {
   int supported_types = 0;
   ARCPOOL_RETURN_IF_ERROR(
@@ -772,6 +788,9 @@ arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* o
   for (int peer : config.peer_devices) {
     if (status != ARCPOOL_STATUS_SUCCESS) break;
     status = grant_peer_access(pool, config.device, peer, "peer_devices");
+  }
+  if (status == ARCPOOL_STATUS_SUCCESS && config.all_reachable_peers) {
+    status = grant_reachable_peers(pool, config.device);
   }
   if (status != ARCPOOL_STATUS_SUCCESS) {
     discard(cudaMemPoolDestroy(pool));

@@ -64,6 +64,9 @@ struct driver_config {
   size_t max_pool_bytes = 0;
   uint32_t ipc_handle_types = 0;
   std::vector<int> peer_devices;
+  /// Also grant every other device that can reach this one (cudaDeviceCanAccessPeer), skipping
+  /// the rest: the default allocators under ARCPOOL_PEER_ACCESS=1 (design.md §9).
+  bool all_reachable_peers = false;
   size_t host_capacity_bytes = size_t{16} << 30;
   bool host_reserve_only = false;  ///< address space only, never touched (trace replay)
   /// Nonzero: the deterministic host driver with this scheduler seed (tests, fuzzing).
