@@ -347,6 +347,17 @@ TEST(Devices, AStreamOfAnotherDeviceIsRefusedNamingBoth) {
   }).join();
 }
 
+/// Writes `bytes` at `p` from device 1, on a stream of its own, and waits for the write (so a
+/// free after it follows the peer's work). The thread is left on device 1.
+void write_on_device_one(void* p, size_t bytes) {
+  EXPECT_EQ(cudaSuccess, cudaSetDevice(1));
+  cudaStream_t peer = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
+  EXPECT_EQ(cudaSuccess, cudaMemsetAsync(p, 0x5a, bytes, peer));
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(peer));
+  EXPECT_EQ(cudaSuccess, cudaStreamDestroy(peer));
+}
+
 /// Allocates on device 0's allocator (peers as given), then writes the memory from a stream
 /// of device 1, ordered after the allocation; returns simcuda's violations.
 std::string write_from_device_one(std::vector<int> peers) {
@@ -367,12 +378,7 @@ std::string write_from_device_one(std::vector<int> peers) {
     void* p = nullptr;
     ASSERT_OK(arcpool_allocation_data(a, &p));
     ASSERT_OK(arcpool_stream_synchronize(alloc, s));  // the peer's work follows the allocation
-    ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
-    cudaStream_t peer = nullptr;
-    ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
-    ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 0x5a, kBytes, peer));
-    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(peer));  // the free follows the peer's work
-    ASSERT_EQ(cudaSuccess, cudaStreamDestroy(peer));
+    write_on_device_one(p, kBytes);
     ASSERT_OK(arcpool_deallocate_async(a, s, 0));
     arcpool_allocation_release(a);
     ASSERT_OK(arcpool_stream_destroy(alloc, s));
@@ -405,12 +411,7 @@ TEST(Devices, APeerGrantedAccessMayUseThePoolsMemoryAndOnlyThen) {
   EXPECT_NE(nullptr, p) << arcpool_last_error();
   EXPECT_EQ(cudaSuccess, cudaSetDevice(0));
   EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the peer's work follows the allocation
-  EXPECT_EQ(cudaSuccess, cudaSetDevice(1));
-  cudaStream_t peer = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&peer, cudaStreamNonBlocking));
-  EXPECT_EQ(cudaSuccess, cudaMemsetAsync(p, 0x5a, kBytes, peer));
-  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(peer));  // the free follows the peer's work
-  EXPECT_EQ(cudaSuccess, cudaStreamDestroy(peer));
+  write_on_device_one(p, kBytes);
   EXPECT_OK(arcpool_free_async(p, kBytes, 0, nullptr));
   const std::string violations = take_simcuda_violations();
   std::fprintf(stderr, "violations: %s\n", violations.empty() ? "none" : violations.c_str());

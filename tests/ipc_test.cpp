@@ -290,6 +290,17 @@ class IpcExporter : public ::testing::Test {
     c.pid = -1;
     return status;
   }
+  /// Kills the importer, then expects its claims dropped before it is reaped (a zombie has
+  /// exited) and the allocation freed.
+  void kill_importer_and_expect_its_claims_gone() {
+    ASSERT_EQ(0, kill(c.pid, SIGKILL));
+    EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << "the death went unnoticed";
+    ASSERT_OK(arcpool_stream_synchronize(a, s));
+    EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
+        << bytes_not_freed(a) << " bytes not freed";
+    const int status = reap_child();
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  }
   void TearDown() override {
     if (c.pid > 0) {  // a test that stopped early: the child must not outlive it
       kill(c.pid, SIGKILL);
@@ -357,13 +368,7 @@ TEST_F(IpcExporter, AKilledImporterIsNoticedAndTheExporterFrees) {
   ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
   EXPECT_EQ(1u, outstanding(e));
   EXPECT_EQ(kBytes, bytes_not_freed(a)) << "the exporter's claim keeps the allocation";
-  ASSERT_EQ(0, kill(c.pid, SIGKILL));
-  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << "the death went unnoticed";
-  ASSERT_OK(arcpool_stream_synchronize(a, s));
-  EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
-      << bytes_not_freed(a) << " bytes not freed";
-  const int status = reap_child();
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  kill_importer_and_expect_its_claims_gone();
 }
 
 /// Uses up every descriptor this process may open, until destroyed: the soft RLIMIT_NOFILE
@@ -416,14 +421,7 @@ TEST_F(IpcExporter, AnImporterThatHangsUpKeepsItsClaimsWhileItRunsEvenWithoutAPi
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(1u, outstanding(e)) << "the claim went while the importer still runs";
   EXPECT_EQ(kBytes, bytes_not_freed(a));
-  ASSERT_EQ(0, kill(c.pid, SIGKILL));
-  // Seen gone while a zombie still, before it is reaped.
-  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << "the death went unnoticed";
-  ASSERT_OK(arcpool_stream_synchronize(a, s));
-  EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
-      << bytes_not_freed(a) << " bytes not freed";
-  const int status = reap_child();
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  kill_importer_and_expect_its_claims_gone();
 }
 
 TEST(IpcTwoImporters, TheExportersFreeWaitsForEveryImporter) {
@@ -792,9 +790,11 @@ TEST(IpcChild, DISABLED_ImporterFailsAnImport) {
   arcpool_allocator_destroy(side.a);
 }
 
-// The two children below use the C++ API (arcpool::ipc_importer, arcpool::ipc_exporter).
+// The children below use the C++ API (arcpool::ipc_importer, arcpool::ipc_exporter).
 
-TEST(IpcChild, DISABLED_ImporterHolds) {
+/// Imports one allocation, checks it and reports 'h'; with `hang_up`, then waits for the test
+/// process, shuts its side of the socket down and reports 'u'. Holds the import until killed.
+[[noreturn]] void hold_an_import(bool hang_up) {
   allocator_options options;
   options.driver = ARCPOOL_DRIVER_CUDA;
   arcpool::allocator a(options);
@@ -803,26 +803,22 @@ TEST(IpcChild, DISABLED_ImporterHolds) {
   arcpool::buffer b = im.receive(s.get());
   expect_filled(b.get(), s.get(), 0x11);
   report('h');
+  if (hang_up) {
+    wait_for_parent();
+    EXPECT_EQ(0, shutdown(env_fd("ARCPOOL_IPC_SOCKET"), SHUT_RDWR));
+    report('u');
+  }
   for (;;) {
-    pause();  // holding the import until killed
+    pause();
   }
 }
 
+TEST(IpcChild, DISABLED_ImporterHolds) {
+  hold_an_import(/*hang_up=*/false);
+}
+
 TEST(IpcChild, DISABLED_ImporterHoldsAndHangsUp) {
-  allocator_options options;
-  options.driver = ARCPOOL_DRIVER_CUDA;
-  arcpool::allocator a(options);
-  arcpool::stream s = a.create_stream();
-  arcpool::ipc_importer im(a, env_fd("ARCPOOL_IPC_SOCKET"));
-  arcpool::buffer b = im.receive(s.get());
-  expect_filled(b.get(), s.get(), 0x11);
-  report('h');
-  wait_for_parent();
-  ASSERT_EQ(0, shutdown(env_fd("ARCPOOL_IPC_SOCKET"), SHUT_RDWR));
-  report('u');
-  for (;;) {
-    pause();  // holding the import until killed
-  }
+  hold_an_import(/*hang_up=*/true);
 }
 
 TEST(IpcChild, DISABLED_ExporterSendsAndWaits) {
