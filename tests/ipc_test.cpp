@@ -208,6 +208,17 @@ TEST(Ipc, TheHostDriverSharesNoMemory) {
   arcpool_allocator_destroy(a);
 }
 
+/// Expects `cs` still capturing (a refusal left the capture intact), then ends the capture and
+/// destroys its graph.
+void expect_capture_intact_then_end(cudaStream_t cs) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaSuccess, cudaStreamIsCapturing(cs, &status));
+  EXPECT_EQ(cudaStreamCaptureStatusActive, status);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(cs, &graph));
+  cudaGraphDestroy(graph);
+}
+
 TEST(Ipc, AShareablePoolMakesNoGraphAllocationsAndLeavesTheCaptureIntact) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   // CUDA's graph allocation nodes take the pool's properties and support no IPC
@@ -222,12 +233,7 @@ TEST(Ipc, AShareablePoolMakesNoGraphAllocationsAndLeavesTheCaptureIntact) {
   EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
   EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "CUDA's graph allocations support no IPC"))
       << arcpool_last_error();
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  EXPECT_EQ(cudaSuccess, cudaStreamIsCapturing(cs, &status));
-  EXPECT_EQ(cudaStreamCaptureStatusActive, status);
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(cs, &graph));
-  cudaGraphDestroy(graph);
+  expect_capture_intact_then_end(cs);
   EXPECT_EQ("", take_simcuda_violations());
   ASSERT_OK(arcpool_stream_destroy(a, s));
   arcpool_allocator_destroy(a);
@@ -576,12 +582,7 @@ TEST_F(IpcExporter, AnAllocationWhoseStreamCapturesIsNotSentAndTheCaptureGoesOn)
   EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_send(e, h));
   EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "is capturing a CUDA graph"))
       << arcpool_last_error();
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  EXPECT_EQ(cudaSuccess, cudaStreamIsCapturing(cs, &status));
-  EXPECT_EQ(cudaStreamCaptureStatusActive, status);
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(cs, &graph));
-  cudaGraphDestroy(graph);
+  expect_capture_intact_then_end(cs);
   size_t outstanding = 1;
   ASSERT_OK(arcpool_ipc_exporter_outstanding(e, &outstanding));
   EXPECT_EQ(0u, outstanding);
