@@ -440,6 +440,22 @@ TEST_P(GraphCapture, PoolCallsRunRelaxedUnderAGlobalCaptureOnAnotherThread) {
   EXPECT_EQ(cudaSuccess, capture.end()) << "the capture was invalidated by an arcpool call";
 }
 
+// design.md §9: under the synchronize policy a free synchronizes the device, as cudaFree does,
+// which the programming guide calls invalid while any stream of the device captures. The free
+// fails and keeps its memory, and the capture is invalidated, as with cudaFree.
+TEST_P(GraphCapture, AnAmbientSynchronizingFreeDuringACaptureFailsAndKeepsItsMemory) {
+  ASSERT_OK(arcpool_allocator_set_ambient_stream(alloc_, ARCPOOL_AMBIENT_SYNCHRONIZE, nullptr));
+  void* p = nullptr;
+  ASSERT_OK(arcpool_ambient_malloc(alloc_, kBytes, &p));
+  global_capture capture(make_stream());
+  EXPECT_NE(ARCPOOL_STATUS_SUCCESS, arcpool_ambient_free(alloc_, p));
+  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, capture.end());
+  EXPECT_EQ(kBytes, stats().bytes_in_use_current) << "the failed free kept its memory";
+  ASSERT_OK(arcpool_ambient_free(alloc_, p));
+  EXPECT_EQ(0u, stats().bytes_in_use_current);
+  finish_reclaims();
+}
+
 TEST_P(GraphCapture, TheByPointerPathAllocatesAndFreesGraphMemoryInTheCapture) {
   arcpool_stream_t s = make_stream();
   host_bytes host;

@@ -658,7 +658,9 @@ typedef enum arcpool_ambient_policy_t {
    * work there. */
   ARCPOOL_AMBIENT_BOUND_STREAM = 1,
   /** Allocate on arcpool's own stream and synchronize it before returning; free after a device
-   * synchronization: the memory behaves as cudaMalloc's does, usable on any stream. Blocks. */
+   * synchronization: the memory behaves as cudaMalloc's does, usable on any stream. Blocks.
+   * As with cudaFree, a free while any stream of the device captures fails and invalidates
+   * that capture (design.md §9). */
   ARCPOOL_AMBIENT_SYNCHRONIZE = 2
 } arcpool_ambient_policy_t;
 
