@@ -48,14 +48,21 @@ _TORCH_KEYS = {
 
 
 def _stats_json(device):
+    """The statistics JSON of `device`'s default allocator. Other threads and the reclaim worker
+    change the figures between the sizing call and the copy, and a number that gains a digit,
+    or a new stream's row, makes the JSON longer: arcpool_stats_json then truncates it, and the
+    copy is retried in a buffer of the new length."""
     handle = default_allocator(device)
     length = _lib.ctypes.c_size_t()
     _lib.check(_lib.lib.arcpool_stats_json(handle, None, 0, _lib.ctypes.byref(length)),
                "arcpool_stats_json")
-    buffer = _lib.ctypes.create_string_buffer(length.value + 1)
-    _lib.check(_lib.lib.arcpool_stats_json(handle, buffer, len(buffer), None),
-               "arcpool_stats_json")
-    return buffer.value.decode()
+    while True:
+        buffer = _lib.ctypes.create_string_buffer(length.value + length.value // 4 + 256)
+        _lib.check(_lib.lib.arcpool_stats_json(handle, buffer, len(buffer),
+                                               _lib.ctypes.byref(length)),
+                   "arcpool_stats_json")
+        if length.value < len(buffer):  # the whole JSON and its NUL
+            return buffer.value.decode()
 
 
 def stats(device=0):

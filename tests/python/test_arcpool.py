@@ -76,6 +76,24 @@ class ArcpoolPackage(unittest.TestCase):
         self.assertEqual(0, lib.arcpool_free_async(pointer, 1 << 16, 0, None))
         self.assertNotIn("arcpool.streams", arcpool.stats(), "stats() holds numbers only")
 
+    def test_stats_survive_a_json_that_grew_after_it_was_sized(self):
+        # Between the sizing call and the copy, other threads' allocations and the reclaim
+        # worker change the figures: a number that gains a digit, or a new stream's row, makes
+        # the JSON longer than sized. Here the sizing call reports no length at all.
+        lib = arcpool._lib.lib
+        real = lib.arcpool_stats_json
+        def sized_short(handle, buffer, capacity, out_length):
+            status = real(handle, buffer, capacity, out_length)
+            if not buffer and out_length:
+                out_length._obj.value = 0
+            return status
+        lib.arcpool_stats_json = sized_short
+        try:
+            s = arcpool.stats()
+        finally:
+            lib.arcpool_stats_json = real
+        self.assertIn("allocated_bytes.all.current", s)
+
     def test_torch_style_keys_mirror_arcpool_figures(self):
         s = arcpool.stats()
         for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
