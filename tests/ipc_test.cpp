@@ -594,6 +594,72 @@ TEST_F(IpcExporter, AnAllocationWhoseStreamCapturesIsNotSentAndTheCaptureGoesOn)
       << "importer wait status " << child_status;
 }
 
+// The importer's fence follows the work queued so far on every stream the allocation may be
+// used on: a write on a use record's stream, queued 200 ms late, is seen by the importer.
+TEST_F(IpcExporter, TheImporterSeesWritesQueuedOnAUseRecordsStream) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  ASSERT_NO_FATAL_FAILURE(start("ImporterChecksAndFrees"));
+  arcpool_stream_t writer = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &writer));
+  for (const int value : {0x5a, 0x6b}) {
+    arcpool_allocation_t* h = nullptr;
+    ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
+    void* p = nullptr;
+    ASSERT_OK(arcpool_allocation_data(h, &p));
+    ASSERT_OK(arcpool_stream_synchronize(a, s));  // the writer's work follows the allocation
+    ASSERT_OK(arcpool_record_use(h, writer));
+    ASSERT_OK(arcpool_stream_launch_host_func(a, writer, &hold_stream, nullptr));
+    ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, value, kBytes, static_cast<cudaStream_t>(writer)));
+    ASSERT_OK(arcpool_ipc_send(e, h));
+    ASSERT_OK(arcpool_allocation_discard_and_release(h));
+  }
+  ASSERT_EQ('f', read_report(c.pipe)) << "the importer did not report its frees";
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << outstanding(e) << " left";
+  ASSERT_EQ(1, write(c.pipe, "x", 1));
+  const int status = reap_child();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  ASSERT_OK(arcpool_stream_synchronize(a, writer));
+  ASSERT_OK(arcpool_stream_destroy(a, writer));
+}
+
+/// Expects `h` refused by `e`, naming `why`, with no claim kept.
+void expect_not_sent(arcpool_ipc_exporter_t* e, arcpool_allocation_t* h, const char* why) {
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_send(e, h));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), why)) << arcpool_last_error();
+  EXPECT_EQ(0u, outstanding(e));
+}
+
+// As arcpool_allocation_export: no fence taken by the sending thread covers the work queued on
+// a retired current stream, or on another thread's per-thread default stream (this thread's
+// cudaStreamPerThread is another stream).
+TEST_F(IpcExporter, AnAllocationNoFenceHereCoversIsNotSent) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  start("ImporterConnectsAndWaits");
+  ASSERT_EQ('c', read_report(c.pipe)) << "the importer did not connect";
+  arcpool_stream_t gone = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &gone));
+  arcpool_allocation_t* retired = nullptr;
+  ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, gone, 0, &retired));
+  ASSERT_OK(arcpool_stream_destroy(a, gone));
+  expect_not_sent(e, retired, "destroyed or unregistered");
+  const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
+  arcpool_allocation_t* theirs = nullptr;
+  std::thread([&] {
+    EXPECT_OK(arcpool_allocate_async(a, kBytes, 0, per_thread, 0, &theirs));
+    EXPECT_OK(arcpool_stream_synchronize(a, per_thread));
+  }).join();
+  ASSERT_NE(nullptr, theirs);
+  expect_not_sent(e, theirs, "another thread's per-thread default stream");
+  for (arcpool_allocation_t* h : {retired, theirs}) {
+    ASSERT_OK(arcpool_deallocate_async(h, s, 0));
+    arcpool_allocation_release(h);
+  }
+  ASSERT_EQ(1, write(c.pipe, "x", 1));  // the importer goes
+  const int child_status = reap_child();
+  EXPECT_TRUE(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0)
+      << "importer wait status " << child_status;
+}
+
 TEST_F(IpcExporter, DestroyReturnsWhileTheImporterDoesNotReadAFullSocket) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   c = spawn_child("ImporterConnectsAndWaits");

@@ -101,6 +101,13 @@ class allocator {
   /// `flags`: arcpool_record_use_flags_t.
   arcpool_status_t record_use(allocation& a, stream_handle s, uint32_t flags);
   arcpool_status_t export_memory(allocation& a, void** out);
+  /// Makes `s` (arcpool's own, alive, never capturing) wait for the work queued so far on every
+  /// stream `a` may be used on: its current stream and its use records (a use on a stream
+  /// arcpool cannot prove alive stands as its fence from record_use, design.md §4), for `what`
+  /// (an IPC send, design.md §14). UNSUPPORTED, with nothing enqueued, for a retired current
+  /// stream or another thread's per-thread default stream, whose work since it was named no
+  /// fence covers, and while a stream to fence captures.
+  arcpool_status_t order_after_uses(allocation& a, stream_handle s, const char* what);
   /// R reached 0: frees the record, and the memory where design.md §3 says so. Inline: the
   /// common case (deallocated memory of a determinate lifetime, whose record holds nothing to
   /// release, on a thread with room in its record list and its own statistics shard, the
@@ -265,6 +272,9 @@ class allocator {
     return capturing ? capturing_failure(s, what) : ARCPOOL_STATUS_SUCCESS;
   }
   arcpool_status_t capturing_failure(const stream_ref& s, const char* what);
+  /// UNSUPPORTED (naming `what`) when no fence taken now covers the work queued so far on
+  /// `a`'s current stream: it was retired, or it is another thread's per-thread default stream.
+  arcpool_status_t check_current_fenceable(const allocation& a, const char* what);
   /// Takes a fence on `s` (its final fence if it was retired).
   arcpool_status_t take_fence(const stream_ref& s, fence_ref* out);
   /// One fence for `s` into `out`: taken on it, or, for another thread's per-thread default

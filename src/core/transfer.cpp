@@ -116,6 +116,31 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+arcpool_status_t allocator::check_current_fenceable(const allocation& a, const char* what) {
+  if (a.current.retired()) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "%s of %s: its current stream was destroyed or unregistered; transfer it to a "
+                "live stream first",
+                what, a.describe().c_str());
+  }
+  if (!a.current.reachable()) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "%s of %s: its current stream is another thread's per-thread default stream, "
+                "which this thread cannot name; do it on that thread or transfer it first",
+                what, a.describe().c_str());
+  }
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::order_after_uses(allocation& a, stream_handle s, const char* what) {
+  std::lock_guard<spinlock> lock(a.mutex);
+  ARCPOOL_RETURN_IF_ERROR(check_current_fenceable(a, what));
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(a.current, what));
+  fence_list fences;
+  ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, kSkipNone, &fences));
+  return wait_all(s, fences);
+}
+
 arcpool_status_t allocator::export_memory(allocation& a, void** out) {
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "export"));
@@ -125,18 +150,7 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
                 "the pool's pointer",
                 a.describe().c_str(), a.placement.alignment);
   }
-  if (a.current.retired()) {
-    return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                "export of %s: its current stream was destroyed or unregistered; transfer it to "
-                "a live stream first",
-                a.describe().c_str());
-  }
-  if (!a.current.reachable()) {
-    return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                "export of %s: its current stream is another thread's per-thread default stream, "
-                "which this thread cannot name; export it on that thread or transfer it first",
-                a.describe().c_str());
-  }
+  ARCPOOL_RETURN_IF_ERROR(check_current_fenceable(a, "export"));
   fence_list fences;
   if (a.placement.size > 0) {
     ARCPOOL_RETURN_IF_ERROR(check_not_capturing(a.current, "export"));

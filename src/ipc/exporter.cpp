@@ -103,34 +103,20 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
   }
   void* data = nullptr;
   ARCPOOL_RETURN_IF_ERROR(arcpool_allocation_data(a, &data));
-  arcpool_allocation_info_t info{};
-  info.struct_size = sizeof info;
-  info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
-  ARCPOOL_RETURN_IF_ERROR(arcpool_allocation_info(a, &info));
-
-  // The importer's fence is an event recorded on the current stream. Recorded during a capture
-  // it would be a node of the graph, which runs later and at every launch, not a record of the
-  // work queued so far.
-  const stream_handle current = info.current_stream;
-  bool capturing = false;
-  ARCPOOL_RETURN_IF_ERROR(drv_.stream_is_capturing(current, &capturing));
-  if (capturing) {
-    return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                "arcpool_ipc_send: the allocation's current stream %p is capturing a CUDA graph: "
-                "the importer's fence would be a node of the graph, not the work queued so far; "
-                "send it outside the capture",
-                static_cast<void*>(current));
-  }
   message m;
   m.kind = message_kind::allocation;
   m.size = placement.size;
   ARCPOOL_RETURN_IF_ERROR(drv_.pool_export_pointer(data, &m.pointer));
+  // The importer's first use waits on this event: recorded on the watch stream after it waited
+  // for the work queued so far on every stream the allocation may be used on, its writes
+  // included (cudaMemPoolImportPointer: "The imported memory must not be accessed before the
+  // allocation operation completes in the exporting process"). Recorded during a capture, a
+  // fence would be a node of the graph, which runs later and at every launch, not a record of
+  // the work queued so far: refused then, as for a current stream no fence taken here covers.
+  ARCPOOL_RETURN_IF_ERROR(record.owner.order_after_uses(record, watch_stream_, "arcpool_ipc_send"));
   sent s{a, {}};
   ARCPOOL_RETURN_IF_ERROR(events_.take(&s.event));
-  // The importer's first use waits on this event: it follows the writes queued so far on the
-  // allocation's current stream (cudaMemPoolImportPointer: "The imported memory must not be
-  // accessed before the allocation operation completes in the exporting process").
-  arcpool_status_t status = drv_.event_record(s.event.event, info.current_stream);
+  arcpool_status_t status = drv_.event_record(s.event.event, watch_stream_);
   if (status == ARCPOOL_STATUS_SUCCESS) status = arcpool_allocation_preserve(a);
   if (status != ARCPOOL_STATUS_SUCCESS) {
     events_.give_back(s.event);
