@@ -498,6 +498,44 @@ TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
   EXPECT_EQ("", take_simcuda_violations());
 }
 
+// The first use's wait on the exporter's event would cross a capture's boundary: a receive on
+// a capturing stream is refused, leaves the capture intact and the allocation queued.
+TEST(Ipc, AReceiveOnACapturingStreamIsRefusedAndTheAllocationStaysQueued) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  child c = spawn_child("ExporterSendsAndWaits");
+  struct killed_at_end {  // also when an assertion ends the test early
+    pid_t pid;
+    ~killed_at_end() {
+      kill(pid, SIGKILL);
+      reap(pid);
+    }
+  } exporter_process{c.pid};
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_importer_t* im = nullptr;
+  ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
+  ASSERT_EQ('s', read_report(c.pipe)) << "the exporter did not send";
+  const auto cs = static_cast<cudaStream_t>(s);
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  arcpool_allocation_t* h = nullptr;
+  // Stops here unless refused before the allocation was taken: the next receive would wait
+  // for another forever.
+  ASSERT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_receive(im, s, &h));
+  ASSERT_NE(nullptr, std::strstr(arcpool_last_error(), "is capturing a CUDA graph"))
+      << arcpool_last_error();
+  expect_capture_intact_then_end(cs);
+  ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+  expect_filled(h, s, 0x77);
+  ASSERT_OK(arcpool_allocation_discard_and_release(h));
+  arcpool_ipc_importer_destroy(im);
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  close(c.pipe);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
 TEST_F(IpcExporter, ADestroyedExporterSaysGoodbyeAndDropsItsClaimsAsTheImporterReleases) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   ASSERT_NO_FATAL_FAILURE(start("ImporterHearsGoodbye"));

@@ -65,6 +65,20 @@ arcpool_status_t importer::create(arcpool_allocator_t* allocator, int fd, import
 }
 
 arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t** out) {
+  // The first use's wait on the exporter's event is enqueued on `stream`. Made during a capture,
+  // it would wait on a non-captured event from a capturing stream, which CUDA refuses (only
+  // cudaEventWaitExternal's launch-time wait may cross a capture's boundary) and which breaks
+  // the capture: refused first, with nothing received. On the legacy default stream while a
+  // blocking stream captures, the query itself fails (cudaErrorStreamCaptureImplicit).
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(drv_.stream_is_capturing(stream, &capturing));
+  if (capturing) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "arcpool_ipc_receive: stream %p is capturing a CUDA graph: the wait on the "
+                "exporter's event would cross the capture's boundary; receive outside the "
+                "capture (the allocation stays queued)",
+                static_cast<void*>(stream));
+  }
   message m;
   {
     // One reader at a time; a drain that ran before this may have left an allocation pending.

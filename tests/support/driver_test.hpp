@@ -58,6 +58,9 @@ inline void PrintTo(const status_result& r, std::ostream* os) {
 /// Expects `expr` to return `status`; a mismatch prints the last error. Accepts `<< message`.
 #define EXPECT_STATUS(status, expr) \
   EXPECT_EQ(status, ::arcpool::test::status_result::of(expr)) << #expr
+/// As EXPECT_STATUS, ending the test on a mismatch.
+#define ASSERT_STATUS(status, expr) \
+  ASSERT_EQ(status, ::arcpool::test::status_result::of(expr)) << #expr
 #define ASSERT_OK(expr) \
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, ::arcpool::test::status_result::of(expr)) << #expr
 #define EXPECT_OK(expr) EXPECT_STATUS(ARCPOOL_STATUS_SUCCESS, expr)
