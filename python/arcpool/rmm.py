@@ -24,8 +24,11 @@ def _stream_handle(stream):
 
 def memory_resource(device=0):
     """An rmm.mr.CallbackMemoryResource that allocates from `device`'s default arcpool allocator,
-    stream-ordered on the stream of each call. A failed allocation raises MemoryError with
-    arcpool's reason; zero bytes give a null pointer, as RMM's own resources. A failed free is
+    stream-ordered on the stream of each call. An allocation that ran out of memory raises
+    MemoryError with arcpool's reason, which RMM turns into rmm::out_of_memory (what its
+    failure-callback adaptors, cuDF's spilling among them, catch); any other failure (a bad
+    stream or device, a capturing stream) raises RuntimeError, which RMM turns into
+    std::runtime_error. Zero bytes give a null pointer, as RMM's own resources. A failed free is
     written to stderr and not raised: RMM calls it from C++ destructors, where an exception
     cannot go anywhere (it would stay pending, or end the process)."""
     import rmm.mr
@@ -36,7 +39,10 @@ def memory_resource(device=0):
         pointer = _lib.lib.arcpool_malloc_async(size, device,
                                                 ctypes.c_void_p(_stream_handle(stream)))
         if not pointer:
-            raise MemoryError(f"arcpool: {_lib.lib.arcpool_last_error().decode()}")
+            reason = _lib.lib.arcpool_last_error().decode()
+            if reason.startswith("ARCPOOL_STATUS_OUT_OF_MEMORY"):
+                raise MemoryError(f"arcpool: {reason}")
+            raise RuntimeError(f"arcpool: {reason}")
         return pointer
 
     def deallocate(pointer, size, stream):

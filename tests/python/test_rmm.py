@@ -63,6 +63,20 @@ class RmmResource(unittest.TestCase):
             self.rmm.DeviceBuffer(size=1 << 62, mr=self.mr)
         self.assertIn("arcpool:", str(caught.exception))
 
+    def test_a_failure_other_than_out_of_memory_is_no_memory_error(self):
+        # RMM turns a MemoryError into rmm::out_of_memory, on which its failure-callback
+        # adaptors (cuDF's spilling) free memory and retry: a bad stream is not that.
+        from rmm.pylibrmm.stream import Stream
+
+        class NoStream:  # the CUDA stream protocol, naming no stream
+            def __cuda_stream__(self):
+                return (0, 0x1234)
+
+        with self.assertRaises(RuntimeError) as caught:
+            self.mr.allocate(4096, Stream(NoStream()))
+        self.assertNotIsInstance(caught.exception, MemoryError)
+        self.assertIn("ARCPOOL_STATUS_INVALID_ARGUMENT", str(caught.exception))
+
     def test_zero_bytes_are_a_null_pointer_as_rmms_own_resources_give(self):
         before = arcpool.stats()["arcpool.allocations"]
         self.assertEqual(0, self.mr.allocate(0))
