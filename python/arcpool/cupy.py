@@ -7,6 +7,7 @@ CuPy's allocator hook passes no stream; this one reads CuPy's current stream on 
 memory is stream-ordered the way CuPy's own MemoryAsyncPool is. Callers that cannot read a
 stream use the ambient-stream policy of the C API (arcpool_allocator_set_ambient_stream).
 """
+import gc
 import warnings
 
 from . import _lib
@@ -44,13 +45,18 @@ class _Block:
         self._stream = None  # the allocation's stream may go now
 
 
+def _out_of_memory():
+    """Whether the failed call ran out of memory (arcpool's last error says so)."""
+    return _lib.lib.arcpool_last_error().startswith(b"ARCPOOL_STATUS_OUT_OF_MEMORY")
+
+
 def _failure(cupy, size, device):
     """The exception for a failed allocation: CuPy's OutOfMemoryError (a MemoryError, which
     code that backs off on CuPy's out-of-memory catches) with arcpool's reason when arcpool ran
     out of memory, RuntimeError with arcpool's message otherwise (a capturing stream, a bad
     device)."""
     reason = _lib.lib.arcpool_last_error().decode()
-    if not reason.startswith("ARCPOOL_STATUS_OUT_OF_MEMORY"):
+    if not _out_of_memory():
         return RuntimeError("arcpool: " + reason)
     from . import stats
 
@@ -71,6 +77,11 @@ def install():
                 cupy.cuda.memory.UnownedMemory(0, 0, None, device), 0)
         stream = cupy.cuda.get_current_stream()
         pointer = _lib.lib.arcpool_malloc_async(size, device, stream.ptr)
+        if not pointer and _out_of_memory():
+            # Arrays held in reference cycles keep their memory until the garbage collector
+            # runs: collect them and retry once, as CuPy's own pool does (_try_malloc).
+            gc.collect()
+            pointer = _lib.lib.arcpool_malloc_async(size, device, stream.ptr)
         if not pointer:
             raise _failure(cupy, size, device)
         block = _Block(cupy, pointer, size, device, stream)

@@ -6,6 +6,7 @@ cupy.cuda.Stream.__del__ does), and the memory classes that own an allocation. R
 simcuda, whose violations report a use of a destroyed stream.
 """
 import ctypes
+import gc
 import sys
 import types
 import unittest
@@ -144,6 +145,30 @@ class CupyHooksOnSimcuda(unittest.TestCase):
         RUNTIME.cudaGraphDestroy(graph)
         self.assertEqual(before - (1 << 20), arcpool_cupy.stats()["allocated_bytes.all.current"])
         del own, capturing
+        self.assertEqual("", _take_violations())
+
+    def test_memory_held_by_a_reference_cycle_is_collected_before_out_of_memory(self):
+        # CuPy's own pool runs the garbage collector and retries before it raises: arrays in
+        # reference cycles hold their memory until it runs.
+        import arcpool
+        from arcpool import _lib
+
+        allocator = arcpool.default_allocator(0)
+        limit = 4 << 20
+        in_use = arcpool.stats()["arcpool.bytes_held_current"]
+        _lib.lib.arcpool_allocator_set_hard_limit.argtypes = [_lib.ctypes.c_void_p,
+                                                              _lib.ctypes.c_size_t]
+        self.assertEqual(0, _lib.lib.arcpool_allocator_set_hard_limit(allocator, in_use + limit))
+        gc.disable()
+        try:
+            cycle = [self.malloc(3 << 20)]
+            cycle.append(cycle)  # only the collector frees it
+            del cycle
+            array = self.malloc(3 << 20)  # fits once the cycle's array is freed
+            del array
+        finally:
+            gc.enable()
+            self.assertEqual(0, _lib.lib.arcpool_allocator_set_hard_limit(allocator, 0))
         self.assertEqual("", _take_violations())
 
     def test_zero_size_arrays_need_no_stream(self):
