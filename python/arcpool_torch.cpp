@@ -66,13 +66,18 @@ ARCPOOL_TORCH_API void arcpool_torch_record_stream(void* ptr, cudaStream_t strea
   }
 }
 
-/// torch.cuda.empty_cache: flush the caches, complete pending frees, trim the pool of every
-/// device this shim allocated on.
+/// torch.cuda.empty_cache: for every device this shim allocated on, synchronize the device,
+/// then flush the caches, complete pending frees and trim the pool, as PyTorch's
+/// cudaMallocAsync backend does (cudaDeviceSynchronize, then cudaMemPoolTrimTo). torch's
+/// streams are not arcpool's (the shim cannot register them), and cudaMemPoolTrimTo keeps
+/// "allocations that have been asynchronously freed but whose completion has not been observed
+/// on the host": without the device synchronization, memory freed on them would stay reserved.
 ARCPOOL_TORCH_API void arcpool_torch_empty_cache() {
   for (int d = 0; d < kMaxDevices; ++d) {
     if (!g_used[d].load(std::memory_order_relaxed)) continue;
     arcpool_allocator_t* a = nullptr;
-    if (arcpool_default_allocator_get(d, &a) == ARCPOOL_STATUS_SUCCESS) {
+    if (arcpool_default_allocator_get(d, &a) == ARCPOOL_STATUS_SUCCESS &&
+        arcpool_allocator_synchronize_device(a) == ARCPOOL_STATUS_SUCCESS) {
       arcpool_allocator_trim(a, 0);
     }
   }

@@ -188,6 +188,7 @@ TEST_P(Errors, NullArgumentsAreInvalidArguments) {
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stats_get(alloc_, nullptr));
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(nullptr, nullptr));
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_record_stream(nullptr, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_synchronize_device(nullptr));
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 arcpool_stream_launch_host_func(alloc_, s_, nullptr, nullptr));
   EXPECT_EQ(0, arcpool_allocation_is_terminal(nullptr));

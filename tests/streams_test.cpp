@@ -2,6 +2,8 @@
 // the event pool, and several allocators in one process. On both drivers.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <set>
 #include <thread>
 
@@ -26,6 +28,22 @@ class Streams : public DriverTest {
 
   arcpool_stream_t s_ = nullptr;
 };
+
+/// Sets `*flag` (a std::atomic<bool>) after 50 ms.
+void set_late(void* flag) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  static_cast<std::atomic<bool>*>(flag)->store(true);
+}
+
+TEST_P(Streams, SynchronizingTheDeviceWaitsForEveryStream) {
+  // Frees on streams arcpool does not know are observed only this way (design.md §7, "Trim").
+  std::atomic<bool> first{false}, second{false};
+  ASSERT_OK(arcpool_stream_launch_host_func(alloc_, s_, &set_late, &first));
+  ASSERT_OK(arcpool_stream_launch_host_func(alloc_, make_stream(), &set_late, &second));
+  ASSERT_OK(arcpool_allocator_synchronize_device(alloc_));
+  EXPECT_TRUE(first.load());
+  EXPECT_TRUE(second.load());
+}
 
 TEST_P(Streams, IdentityIsTheStreamIdNotTheHandle) {
   // Handles are recycled after destruction; ids never are. An allocation made on a destroyed

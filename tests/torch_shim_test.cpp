@@ -46,6 +46,34 @@ TEST_F(TorchShim, RecordStreamCoversSideWorkQueuedBeforeTheFree) {
   cudaStreamDestroy(side);
 }
 
+/// Device 0's memory that no pool or allocation holds (cudaMemGetInfo's free bytes).
+size_t free_memory() {
+  size_t free_bytes = 0, total = 0;
+  EXPECT_EQ(cudaSuccess, cudaMemGetInfo(&free_bytes, &total));
+  return free_bytes;
+}
+
+TEST_F(TorchShim, EmptyCacheGivesBackMemoryFreedOnTorchsStreams) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // torch.cuda.empty_cache after a tensor on one of torch's streams died: cudaMemPoolTrimTo
+  // keeps frees the host has not seen complete, and arcpool cannot synchronize torch's streams
+  // (it does not know them), so the shim synchronizes the device first, as PyTorch does.
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  constexpr size_t kBytes = size_t{64} << 20;  // above the stream caches' largest block
+  arcpool_torch_empty_cache();
+  const size_t before = free_memory();
+  void* p = arcpool_torch_malloc(kBytes, 0, s);
+  ASSERT_NE(nullptr, p);
+  ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 1, kBytes, s));
+  EXPECT_LE(free_memory() + kBytes, before);
+  arcpool_torch_free(p, kBytes, 0, s);
+  arcpool_torch_empty_cache();
+  EXPECT_GE(free_memory(), before) << "memory freed on torch's stream stayed reserved";
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(s);
+}
+
 TEST_F(TorchShim, AMemoryFractionOfZeroAllowsNoNewMemory) {
   CONFORMANCE_SIMCUDA_ONLY();
   // torch.cuda.set_per_process_memory_fraction(0.0): PyTorch's own allocator then fails every

@@ -280,6 +280,14 @@ ARCPOOL_API int arcpool_allocator_device(const arcpool_allocator_t* allocator);
 ARCPOOL_API arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator,
                                                     size_t keep_bytes);
 
+/** Blocks until all work queued on the allocator's device has completed, on every stream
+ * (cudaDeviceSynchronize on that device; the thread's current device and context are left as
+ * they were): frees queued on streams arcpool does not know are then observed, and a trim
+ * can give their memory back, as PyTorch's cudaMallocAsync backend does in empty_cache. As
+ * cudaDeviceSynchronize, it fails while any stream of the device captures a graph, and that
+ * capture is invalidated (design.md §9). */
+ARCPOOL_API arcpool_status_t arcpool_allocator_synchronize_device(arcpool_allocator_t* allocator);
+
 /* ----------------------------------------------------------------------------------------- */
 /* Streams                                                                                     */
 /* ----------------------------------------------------------------------------------------- */

@@ -380,6 +380,8 @@ class allocator {
   void reset_peaks() { detail::check(arcpool_stats_reset_peaks(handle_)); }
   /// Completes pending reclaims and trims the pool. Blocks.
   void trim(size_t keep_bytes = 0) { detail::check(arcpool_allocator_trim(handle_, keep_bytes)); }
+  /// Blocks until all work on the device completed (arcpool_allocator_synchronize_device).
+  void synchronize_device() { detail::check(arcpool_allocator_synchronize_device(handle_)); }
 
  private:
   arcpool_allocator_t* handle_ = nullptr;

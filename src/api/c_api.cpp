@@ -156,6 +156,11 @@ arcpool_status_t arcpool_allocator_trim(arcpool_allocator_t* allocator, size_t k
       from_handle(allocator), keep_bytes);
 }
 
+arcpool_status_t arcpool_allocator_synchronize_device(arcpool_allocator_t* allocator) {
+  ARCPOOL_REQUIRE_ARG(allocator);
+  return guarded([&] { return from_handle(allocator)->drv().device_synchronize(); });
+}
+
 arcpool_status_t arcpool_allocator_log_open(arcpool_allocator_t* allocator, const char* path) {
   ARCPOOL_REQUIRE_ARG(allocator);
   ARCPOOL_REQUIRE_ARG(path);
