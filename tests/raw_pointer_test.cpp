@@ -264,6 +264,28 @@ TEST_P(RawPointer, ADefaultAllocatorMustServeItsDevice) {
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_default_allocator_set(-1, alloc_));
 }
 
+TEST_P(RawPointer, FindingADefaultAllocatorNeverCreatesOne) {
+  // A query must not create an allocator, and with it a CUDA context, on a device the process
+  // never used. Device 0's is the test's; the highest device no test uses has none.
+  arcpool_allocator_t* found = nullptr;
+  ASSERT_OK(arcpool_default_allocator_find(0, &found));
+  EXPECT_EQ(alloc_, found);
+  constexpr int kUnused = 1000;
+  ASSERT_OK(arcpool_default_allocator_find(kUnused, &found));
+  EXPECT_EQ(nullptr, found);
+  ASSERT_OK(arcpool_default_allocator_find(kUnused, &found));
+  EXPECT_EQ(nullptr, found) << "the first find created it";
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_default_allocator_find(-1, &found));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_default_allocator_find(0, nullptr));
+  // What a device without an allocator reports: every figure 0.
+  char json[4096];
+  size_t length = 0;
+  ASSERT_OK(arcpool_stats_json(nullptr, json, sizeof json, &length));
+  ASSERT_LT(length, sizeof json);
+  EXPECT_NE(nullptr, std::strstr(json, "\"allocations\": 0,")) << json;
+  EXPECT_NE(nullptr, std::strstr(json, "\"other\": 1")) << json;
+}
+
 ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(RawPointer);
 
 }  // namespace

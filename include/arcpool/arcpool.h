@@ -599,6 +599,12 @@ ARCPOOL_API arcpool_status_t arcpool_default_allocator_set(int device,
 ARCPOOL_API arcpool_status_t arcpool_default_allocator_get(int device,
                                                            arcpool_allocator_t** out_allocator);
 
+/** As arcpool_default_allocator_get, but never creates the allocator: `*out_allocator` is NULL
+ * while `device` has none. For queries (statistics, a trim) that must not create one, and with
+ * it a CUDA context on a device the process never used. Never blocks. */
+ARCPOOL_API arcpool_status_t arcpool_default_allocator_find(int device,
+                                                            arcpool_allocator_t** out_allocator);
+
 /**
  * Allocates `size` bytes on `stream` from `device`'s default allocator and returns the data
  * pointer; NULL on failure (see arcpool_last_error) and for zero bytes. Never blocks (except
@@ -833,7 +839,9 @@ ARCPOOL_API arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allo
 /**
  * Writes the statistics as one JSON object into `buffer` (NUL-terminated, truncated to
  * `capacity`); `*out_length` (may be NULL) receives the full length without the NUL, so a call
- * with capacity 0 sizes the buffer. Never blocks.
+ * with capacity 0 sizes the buffer. A NULL `allocator` gives the statistics of one that has
+ * done nothing, every figure 0 (what a framework reports for a device it never used: see
+ * arcpool_default_allocator_find). Never blocks.
  */
 ARCPOOL_API arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* buffer,
                                                 size_t capacity, size_t* out_length);

@@ -51,8 +51,9 @@ def _stats_json(device):
     """The statistics JSON of `device`'s default allocator. Other threads and the reclaim worker
     change the figures between the sizing call and the copy, and a number that gains a digit,
     or a new stream's row, makes the JSON longer: arcpool_stats_json then truncates it, and the
-    copy is retried in a buffer of the new length."""
-    handle = default_allocator(device)
+    copy is retried in a buffer of the new length. A device without an allocator reads all
+    zeros: a query creates none, nor a CUDA context with it."""
+    handle = _lib.existing_allocator(device)
     length = _lib.ctypes.c_size_t()
     _lib.check(_lib.lib.arcpool_stats_json(handle, None, 0, _lib.ctypes.byref(length)),
                "arcpool_stats_json")
@@ -85,15 +86,19 @@ def stream_stats(device=0):
 
 
 def reset_peak_stats(device=0):
-    """Resets every peak of `device`'s default allocator to its current value."""
-    _lib.check(_lib.lib.arcpool_stats_reset_peaks(default_allocator(device)),
-               "arcpool_stats_reset_peaks")
+    """Resets every peak of `device`'s default allocator to its current value (none to reset
+    while the device has no allocator)."""
+    handle = _lib.existing_allocator(device)
+    if handle is not None:
+        _lib.check(_lib.lib.arcpool_stats_reset_peaks(handle), "arcpool_stats_reset_peaks")
 
 
 def empty_cache(device=0):
-    """Gives back what `device`'s default allocator holds but does not use. Blocks."""
-    _lib.check(_lib.lib.arcpool_allocator_trim(default_allocator(device), 0),
-               "arcpool_allocator_trim")
+    """Gives back what `device`'s default allocator holds but does not use (nothing while the
+    device has no allocator). Blocks."""
+    handle = _lib.existing_allocator(device)
+    if handle is not None:
+        _lib.check(_lib.lib.arcpool_allocator_trim(handle, 0), "arcpool_allocator_trim")
 
 
 def _snapshot_bytes(device):

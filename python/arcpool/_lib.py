@@ -46,6 +46,8 @@ lib.arcpool_status_string.argtypes = [ctypes.c_int]
 lib.arcpool_status_string.restype = ctypes.c_char_p
 lib.arcpool_default_allocator_get.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
 lib.arcpool_default_allocator_get.restype = ctypes.c_int
+lib.arcpool_default_allocator_find.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+lib.arcpool_default_allocator_find.restype = ctypes.c_int
 lib.arcpool_allocator_driver.argtypes = [ctypes.c_void_p]
 lib.arcpool_allocator_driver.restype = ctypes.c_int
 lib.arcpool_stats_json.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
@@ -87,3 +89,12 @@ def default_allocator(device=0):
     check(lib.arcpool_default_allocator_get(device, ctypes.byref(handle)),
           "arcpool_default_allocator_get")
     return handle
+
+
+def existing_allocator(device=0):
+    """The allocator serving `device`'s raw-pointer entry points, or None while it has none
+    (never created: creating one would create a CUDA context on the device)."""
+    handle = ctypes.c_void_p()
+    check(lib.arcpool_default_allocator_find(device, ctypes.byref(handle)),
+          "arcpool_default_allocator_find")
+    return handle if handle.value else None

@@ -444,6 +444,17 @@ arcpool_status_t arcpool_default_allocator_get(int device, arcpool_allocator_t**
   });
 }
 
+arcpool_status_t arcpool_default_allocator_find(int device, arcpool_allocator_t** out_allocator) {
+  ARCPOOL_REQUIRE_ARG(out_allocator);
+  return guarded([&] {
+    arcpool::detail::allocator* a = nullptr;
+    ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a, /*create=*/false));
+    *out_allocator = a == nullptr ? nullptr : arcpool::detail::to_handle(a);
+    if (a != nullptr) a->release();  // borrowed, as arcpool_default_allocator_get's
+    return ARCPOOL_STATUS_SUCCESS;
+  });
+}
+
 void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
   if (size == 0) return nullptr;
   void* data = nullptr;
@@ -618,14 +629,18 @@ arcpool_status_t arcpool_stream_stats_list(const arcpool_allocator_t* allocator,
 
 arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* buffer,
                                     size_t capacity, size_t* out_length) {
-  ARCPOOL_REQUIRE_ARG(allocator);
   if (buffer == nullptr && capacity != 0) return null_argument(__func__, "buffer");
   return guarded([&] {
     arcpool_stats_t s{};
-    from_handle(allocator)->read_stats(&s);
     std::vector<arcpool_stream_stats_t> rows(arcpool::detail::stream_stats_table::kRows + 1);
-    rows.resize(
-        from_handle(allocator)->read_stream_stats(rows.data(), sizeof(rows[0]), rows.size()));
+    if (allocator != nullptr) {
+      from_handle(allocator)->read_stats(&s);
+      rows.resize(
+          from_handle(allocator)->read_stream_stats(rows.data(), sizeof(rows[0]), rows.size()));
+    } else {  // an allocator that has done nothing: its other-streams row alone
+      rows.resize(1);
+      rows[0].other = 1;
+    }
     const std::string json = arcpool::detail::stats_to_json(s, rows);
     if (out_length != nullptr) *out_length = json.size();
     if (capacity > 0) {

@@ -73,7 +73,7 @@ default_lookup::~default_lookup() {
   if (t.retired_pending.load(std::memory_order_seq_cst)) reclaim_retired(t);
 }
 
-arcpool_status_t default_allocator(int device, allocator** out) {
+arcpool_status_t default_allocator(int device, allocator** out, bool create) {
   if (device < 0) return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "device %d", device);
   {
     default_lookup lookup(device);
@@ -85,6 +85,12 @@ arcpool_status_t default_allocator(int device, allocator** out) {
   }
   default_table& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
+  if (!create) {  // found by no lookup: there is none (a device from kLockFreeDevices on: look)
+    const auto it = t.by_device.find(device);
+    *out = it == t.by_device.end() ? nullptr : it->second;
+    if (*out != nullptr) (*out)->retain();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   allocator*& slot = t.by_device[device];
   if (slot == nullptr) {
     allocator_config config;

@@ -35,9 +35,9 @@ class default_lookup {
   allocator* found_ = nullptr;
 };
 
-/// The allocator serving `device`, created with default options on first use, with a new
-/// reference the caller releases.
-arcpool_status_t default_allocator(int device, allocator** out);
+/// The allocator serving `device`, created with default options on first use (unless
+/// `create` is false: then null when there is none), with a new reference the caller releases.
+arcpool_status_t default_allocator(int device, allocator** out, bool create = true);
 
 /// Replaces `device`'s default allocator (null: a fresh default one on next use). Keeps its
 /// own reference. Never waits: the previous allocator loses the table's reference at once, or,

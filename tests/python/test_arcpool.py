@@ -94,7 +94,31 @@ class ArcpoolPackage(unittest.TestCase):
             lib.arcpool_stats_json = real
         self.assertIn("allocated_bytes.all.current", s)
 
-    def test_torch_style_keys_mirror_arcpool_figures(self):
+    def test_queries_of_a_device_never_used_create_no_allocator(self):
+        # Logging loops ask every device (torch.cuda.memory_allocated(i) once patched): an
+        # allocator created for the query would create a CUDA context on that GPU, in every
+        # process that asks. A fresh process, so that device 1 is surely unused.
+        code = ("import ctypes, arcpool\n"
+                "s = arcpool.stats(1)\n"
+                "assert s['allocated_bytes.all.current'] == 0, s\n"
+                "assert s['arcpool.allocations'] == 0, s\n"
+                "assert arcpool.stream_stats(1)[-1]['other'] == 1\n"
+                "arcpool.reset_peak_stats(1)\n"
+                "arcpool.empty_cache(1)\n"
+                "print(arcpool._lib.existing_allocator(1) is None)\n"
+                "try:\n"
+                "    runtime = ctypes.CDLL('libcudart.so.13')\n"
+                "    runtime.simcuda_primary_contexts.restype = ctypes.c_uint64\n"
+                "    print(runtime.simcuda_primary_contexts(1))\n"
+                "except (OSError, AttributeError):\n"
+                "    print(0)  # no simcuda: no context counter to read\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        self.assertEqual(0, out.returncode, out.stderr)
+        none, contexts = out.stdout.split()
+        self.assertEqual("True", none, "a query created device 1's allocator")
+        self.assertEqual("0", contexts, "a query created a CUDA context on device 1")
+
+
         s = arcpool.stats()
         for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
                     "reserved_bytes.all.current", "reserved_bytes.all.peak",
