@@ -28,6 +28,11 @@ namespace {
 constexpr int kMaxDevices = 64;
 std::atomic<bool> g_used[kMaxDevices] = {};
 
+/// The fraction set_memory_fraction was last given per device, once given (1.0 before), for
+/// torch.cuda.get_per_process_memory_fraction, which a pluggable allocator cannot answer.
+std::atomic<double> g_fraction[kMaxDevices];
+std::atomic<bool> g_fraction_set[kMaxDevices] = {};
+
 }  // namespace
 
 /// PyTorch's alloc: void* (size_t size, int device, cudaStream_t stream).
@@ -95,4 +100,15 @@ ARCPOOL_TORCH_API void arcpool_torch_set_memory_fraction(double fraction, int de
   }
   const auto limit = static_cast<size_t>(fraction * static_cast<double>(total));
   arcpool_allocator_set_hard_limit(a, limit == 0 ? 1 : limit);
+  if (device >= 0 && device < kMaxDevices) {
+    g_fraction[device].store(fraction);
+    g_fraction_set[device].store(true);
+  }
+}
+
+/// The fraction torch.cuda.set_per_process_memory_fraction last gave `device` (1.0 before, as
+/// PyTorch's own allocator answers), for arcpool.torch.get_per_process_memory_fraction.
+ARCPOOL_TORCH_API double arcpool_torch_memory_fraction(int device) {
+  if (device < 0 || device >= kMaxDevices || !g_fraction_set[device].load()) return 1.0;
+  return g_fraction[device].load();
 }

@@ -137,14 +137,45 @@ def _device_index(device):
     return _device_index(None) if index is None else index
 
 
+# The accumulated counts torch's reset_accumulated_memory_stats restarts, among torch's keys.
+_ACCUMULATED_KEYS = ("allocation.all.allocated", "allocation.all.freed", "num_alloc_retries",
+                     "num_ooms")
+_accumulated_base = {}  # device -> {key: its count at the last reset_accumulated_memory_stats}
+
+
 def memory_stats(device=None):
     """torch.cuda.memory_stats(device), from arcpool: torch's keys where they mean the same
     (allocated_bytes, requested_bytes, reserved_bytes, allocation, num_alloc_retries, num_ooms)
-    and every arcpool figure as "arcpool.<name>", sorted by key as torch sorts them."""
+    and every arcpool figure as "arcpool.<name>", sorted by key as torch sorts them. torch's
+    accumulated counts start from the last reset_accumulated_memory_stats."""
     from . import stats as arcpool_stats
 
-    figures = arcpool_stats(_device_index(device))
+    index = _device_index(device)
+    figures = arcpool_stats(index)
+    for key, base in _accumulated_base.get(index, {}).items():
+        figures[key] -= base
     return collections.OrderedDict(sorted(figures.items()))
+
+
+def reset_accumulated_memory_stats(device=None):
+    """torch.cuda.reset_accumulated_memory_stats(device): torch's accumulated counts
+    (allocation.all.allocated and .freed, num_alloc_retries, num_ooms) restart at 0 in
+    memory_stats; arcpool's own figures ("arcpool.<name>") keep counting."""
+    from . import stats as arcpool_stats
+
+    index = _device_index(device)
+    figures = arcpool_stats(index)
+    _accumulated_base[index] = {key: figures[key] for key in _ACCUMULATED_KEYS}
+
+
+def get_per_process_memory_fraction(device=None):
+    """torch.cuda.get_per_process_memory_fraction(device): the fraction
+    torch.cuda.set_per_process_memory_fraction last gave the device through arcpool's shim
+    (1.0 before, as PyTorch's own allocator answers)."""
+    shim = ctypes.CDLL(_shim_path(), mode=ctypes.RTLD_GLOBAL)
+    shim.arcpool_torch_memory_fraction.argtypes = [ctypes.c_int]
+    shim.arcpool_torch_memory_fraction.restype = ctypes.c_double
+    return shim.arcpool_torch_memory_fraction(_device_index(device))
 
 
 def memory_allocated(device=None):
@@ -246,6 +277,8 @@ def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False
 
 _MEMORY_API = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
                "max_memory_reserved", "reset_peak_memory_stats", "memory_summary")
+# Patched where this torch has them (both raise with a pluggable allocator, newer torches only).
+_LATER_API = ("reset_accumulated_memory_stats", "get_per_process_memory_fraction")
 _SNAPSHOT_API = ("_snapshot", "_dump_snapshot")  # torch.cuda.memory's only
 # torch.accelerator's (and torch.accelerator.memory's), where that torch has them: they read the
 # current allocator's device statistics, which a pluggable allocator refuses.
@@ -259,7 +292,8 @@ def patch_memory_api(cuda=None, accelerator=None):
     memory_reserved, max_memory_reserved, reset_peak_memory_stats and memory_summary (torch's
     own raises KeyError on another allocator's statistics) answer from arcpool, in
     torch.cuda and in torch.cuda.memory (whose own functions call one another there), and
-    torch.cuda.memory's _snapshot and _dump_snapshot too; and the same functions of
+    torch.cuda.memory's _snapshot and _dump_snapshot too; reset_accumulated_memory_stats and
+    get_per_process_memory_fraction where this torch has them; and the same functions of
     torch.accelerator and torch.accelerator.memory, those that this torch has. `cuda` is
     torch.cuda and `accelerator` torch.accelerator unless `cuda` is given. Idempotent;
     unpatch_memory_api() restores torch's."""
@@ -270,6 +304,8 @@ def patch_memory_api(cuda=None, accelerator=None):
         accelerator = getattr(torch, "accelerator", None)
     ours = globals()
     targets = [(cuda, _MEMORY_API), (cuda.memory, _MEMORY_API + _SNAPSHOT_API)]
+    for namespace in (cuda, cuda.memory):
+        targets.append((namespace, [n for n in _LATER_API if hasattr(namespace, n)]))
     if accelerator is not None:  # an older torch has fewer of these, or none
         for namespace in (accelerator, getattr(accelerator, "memory", None)):
             if namespace is not None:

@@ -122,6 +122,43 @@ class TorchMemoryApi(unittest.TestCase):
         self.assertIs(native, accelerator.memory_allocated)
         self.assertIs(native, accelerator_memory.memory_stats)
 
+    def test_accumulated_counts_restart_and_the_memory_fraction_reads_back(self):
+        # torch's own raise with a pluggable allocator ("does not yet support
+        # resetAccumulatedStats" / "getMemoryFraction"); the patch covers them where torch has
+        # them.
+        def native(device=None):
+            raise RuntimeError("CUDAPluggableAllocator does not yet support it")
+
+        names = at._MEMORY_API + at._LATER_API
+        memory = types.SimpleNamespace(**{name: native for name in names + at._SNAPSHOT_API})
+        cuda = types.SimpleNamespace(memory=memory, **{name: native for name in names})
+        at.patch_memory_api(cuda)
+        try:
+            _free(_malloc(MIB), MIB)
+            self.assertGreater(cuda.memory_stats(0)["allocation.all.allocated"], 0)
+            arcpool_allocations = cuda.memory_stats(0)["arcpool.allocations"]
+            cuda.reset_accumulated_memory_stats(0)
+            stats = cuda.memory.memory_stats(0)
+            self.assertEqual(0, stats["allocation.all.allocated"])
+            self.assertEqual(0, stats["allocation.all.freed"])
+            self.assertEqual(0, stats["num_ooms"])
+            self.assertEqual(arcpool_allocations, stats["arcpool.allocations"], "keeps counting")
+            _free(_malloc(MIB), MIB)
+            self.assertEqual(1, cuda.memory_stats(0)["allocation.all.allocated"])
+            self.assertEqual(1, cuda.memory_stats(0)["allocation.all.freed"])
+            self.assertEqual(1.0, cuda.get_per_process_memory_fraction(0))
+            shim = ctypes.CDLL(at._shim_path())
+            shim.arcpool_torch_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
+            shim.arcpool_torch_set_memory_fraction(0.5, 0)  # what torch's setter calls
+            try:
+                self.assertEqual(0.5, cuda.memory.get_per_process_memory_fraction(0))
+            finally:
+                shim.arcpool_torch_set_memory_fraction(1.0, 0)
+        finally:
+            at.unpatch_memory_api()
+            at._accumulated_base.clear()
+        self.assertIs(native, cuda.reset_accumulated_memory_stats)
+
     @unittest.skipUnless(importlib.util.find_spec("torch"), "PyTorch is not installed here")
     def test_the_patch_on_torch_itself(self):
         import torch
