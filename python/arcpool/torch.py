@@ -49,6 +49,7 @@ with arcpool):
 import collections
 import ctypes
 import os
+import pickle
 
 from . import _lib
 
@@ -256,23 +257,35 @@ def memory_summary(device=None, abbreviated=False):
     return "\n".join(lines) + "\n"
 
 
+_MAX_DEVICES = 64  # the devices whose default allocators a snapshot looks for
+
+
 def _snapshot(device=None, augment_with_fx_traces=False):
-    """torch.cuda.memory._snapshot(device), from arcpool's memory history (arcpool.memory_snapshot:
-    PyTorch's dictionary; ARCPOOL_HISTORY=N turns the history on). arcpool records no stack
-    frames, so FX augmentation has nothing to add."""
+    """torch.cuda.memory._snapshot(), from arcpool's memory history: PyTorch's dictionary over
+    every device, as torch's own (which ignores `device`): the "segments" of every device with
+    a default allocator, and its "device_traces" at its index (arcpool.memory_snapshot;
+    ARCPOOL_HISTORY=N turns the history on). arcpool records no stack frames, so FX
+    augmentation has nothing to add."""
     from . import memory_snapshot
 
-    del augment_with_fx_traces
-    return memory_snapshot(_device_index(device))
+    del device, augment_with_fx_traces
+    merged = {"segments": [], "device_traces": []}
+    for index in range(_MAX_DEVICES):
+        if _lib.existing_allocator(index) is None:
+            continue
+        one = memory_snapshot(index)
+        merged["segments"].extend(one["segments"])
+        traces = merged["device_traces"]
+        traces.extend([] for _ in range(index + 1 - len(traces)))
+        traces[index] = one["device_traces"][index]
+    return merged
 
 
 def _dump_snapshot(filename="dump_snapshot.pickle", augment_with_fx_traces=False):
-    """torch.cuda.memory._dump_snapshot(filename), from arcpool: the pickle that
-    https://pytorch.org/memory_viz and torch/cuda/_memory_viz.py read."""
-    from . import dump_snapshot
-
-    del augment_with_fx_traces
-    dump_snapshot(filename, _device_index(None))
+    """torch.cuda.memory._dump_snapshot(filename), from arcpool: _snapshot() pickled, as
+    torch's, for https://pytorch.org/memory_viz and torch/cuda/_memory_viz.py."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(augment_with_fx_traces=augment_with_fx_traces), f)
 
 
 _MEMORY_API = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",

@@ -135,6 +135,33 @@ class Snapshot(unittest.TestCase):
         self.assertEqual(2, sum(line.startswith("del ") for line in body))
         self.assertEqual(1, sum(line.startswith("cudaFree(") for line in body))
 
+    def test_torchs_snapshot_covers_every_device(self):
+        # torch.cuda.memory._snapshot() (and _dump_snapshot) cover every device, whatever the
+        # device argument: one list of trace entries per device, at its index.
+        done = _run_child(textwrap.dedent("""
+            import json, pickle, sys
+            import arcpool, arcpool.torch
+            lib = arcpool._lib.lib
+            pointers = {d: lib.arcpool_malloc_async(4096 * (d + 1), d, None) for d in (0, 2)}
+            assert all(pointers.values()), lib.arcpool_last_error()
+            arcpool.torch._dump_snapshot(sys.argv[1])
+            with open(sys.argv[1], "rb") as f:
+                dumped = pickle.load(f)
+            snapshot = arcpool.torch._snapshot(device=0)
+            assert snapshot == dumped
+            print(json.dumps({"pointers": pointers, "snapshot": snapshot}))
+        """), 1000, self.path + ".all")
+        self.assertEqual(0, done.returncode, done.stderr)
+        facts = json.loads(done.stdout.strip().splitlines()[-1])
+        snapshot, pointers = facts["snapshot"], facts["pointers"]
+        self.assertEqual(3, len(snapshot["device_traces"]))
+        self.assertEqual([], snapshot["device_traces"][1], "device 1 has no allocator")
+        for device in (0, 2):
+            allocs = [e for e in snapshot["device_traces"][device] if e["action"] == "alloc"]
+            self.assertEqual([pointers[str(device)]], [e["addr"] for e in allocs])
+            self.assertEqual([4096 * (device + 1)], [e["size"] for e in allocs])
+        self.assertEqual({0, 2}, {s["device"] for s in snapshot["segments"]})
+
     def test_without_history_the_snapshot_says_how_to_turn_it_on(self):
         done = _run_child(textwrap.dedent("""
             import arcpool
