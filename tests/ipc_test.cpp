@@ -296,6 +296,19 @@ class IpcExporter : public ::testing::Test {
     c.pid = -1;
     return status;
   }
+  /// Tells the importer to go on (it exits), then expects it to exit cleanly.
+  void let_importer_exit() {
+    ASSERT_EQ(1, write(c.pipe, "x", 1));
+    const int status = reap_child();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  }
+  /// Expects the importer's report `r` (that it did `what`) and every claim gone, then lets it
+  /// exit.
+  void expect_claims_gone_then_exit(char r, const char* what) {
+    ASSERT_EQ(r, read_report(c.pipe)) << "the importer did not report its " << what;
+    EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << outstanding(e) << " left";
+    let_importer_exit();
+  }
   /// Kills the importer, then expects its claims dropped before it is reaped (a zombie has
   /// exited) and the allocation freed.
   void kill_importer_and_expect_its_claims_gone() {
@@ -343,9 +356,7 @@ TEST_F(IpcExporter, AnImportSeesTheExportersWritesAndIsFreedBeforeTheExportersFr
   ASSERT_OK(arcpool_stream_synchronize(a, s));
   EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; }))
       << bytes_not_freed(a) << " bytes not freed while the importer lives";
-  ASSERT_EQ(1, write(c.pipe, "x", 1));
-  const int status = reap_child();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  let_importer_exit();
 }
 
 // "Imported memory pools are initially only accessible from their resident device. [...] The
@@ -360,11 +371,7 @@ TEST_F(IpcExporter, AnImporterOnAnotherDeviceIsGivenAccessToThePool) {
   ASSERT_NO_FATAL_FAILURE(start("ImporterChecksAndFrees", {"ARCPOOL_IPC_DEVICE=1"}));
   send_filled(a, {e}, s, 0x5a);
   send_filled(a, {e}, s, 0x6b);
-  ASSERT_EQ('f', read_report(c.pipe)) << "the importer did not report its frees";
-  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << outstanding(e) << " left";
-  ASSERT_EQ(1, write(c.pipe, "x", 1));
-  const int status = reap_child();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  expect_claims_gone_then_exit('f', "frees");
 }
 
 TEST_F(IpcExporter, AKilledImporterIsNoticedAndTheExporterFrees) {
@@ -465,6 +472,19 @@ TEST(IpcTwoImporters, TheExportersFreeWaitsForEveryImporter) {
   EXPECT_EQ("", take_simcuda_violations());
 }
 
+/// Drops import `h`, then the importer `im`, the stream `s` once its work ran and the allocator
+/// `a`; closes `pipe` and expects no simcuda violation.
+void end_importing_side(arcpool_allocator_t* a, arcpool_stream_t s, arcpool_ipc_importer_t* im,
+                        arcpool_allocation_t* h, int pipe) {
+  ASSERT_OK(arcpool_allocation_discard_and_release(h));
+  arcpool_ipc_importer_destroy(im);
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  close(pipe);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
 TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   child c = spawn_child("ExporterSendsAndWaits");
@@ -489,13 +509,7 @@ TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
   // The import is freed as usual; the release the dead exporter cannot hear is dropped. Its
   // on-free callback may run after this test, even at exit, and drop the allocator's last handle
   // there (design.md §10, "Exit").
-  ASSERT_OK(arcpool_allocation_discard_and_release(h));
-  arcpool_ipc_importer_destroy(im);
-  ASSERT_OK(arcpool_stream_synchronize(a, s));
-  ASSERT_OK(arcpool_stream_destroy(a, s));
-  arcpool_allocator_destroy(a);
-  close(c.pipe);
-  EXPECT_EQ("", take_simcuda_violations());
+  end_importing_side(a, s, im, h, c.pipe);
 }
 
 // The first use's wait on the exporter's event would cross a capture's boundary: a receive on
@@ -527,13 +541,7 @@ TEST(Ipc, AReceiveOnACapturingStreamIsRefusedAndTheAllocationStaysQueued) {
   expect_capture_intact_then_end(cs);
   ASSERT_OK(arcpool_ipc_receive(im, s, &h));
   expect_filled(h, s, 0x77);
-  ASSERT_OK(arcpool_allocation_discard_and_release(h));
-  arcpool_ipc_importer_destroy(im);
-  ASSERT_OK(arcpool_stream_synchronize(a, s));
-  ASSERT_OK(arcpool_stream_destroy(a, s));
-  arcpool_allocator_destroy(a);
-  close(c.pipe);
-  EXPECT_EQ("", take_simcuda_violations());
+  end_importing_side(a, s, im, h, c.pipe);
 }
 
 TEST_F(IpcExporter, ADestroyedExporterSaysGoodbyeAndDropsItsClaimsAsTheImporterReleases) {
@@ -581,11 +589,7 @@ TEST_F(IpcExporter, ReleasesWhileNoReceiveRunsNeitherBlockNorTakeNewEvents) {
     ASSERT_OK(arcpool_ipc_send(e, h));
     ASSERT_OK(arcpool_allocation_discard_and_release(h));
   }
-  ASSERT_EQ('f', read_report(c.pipe)) << "the importer did not report its releases";
-  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << outstanding(e) << " left";
-  ASSERT_EQ(1, write(c.pipe, "x", 1));
-  const int status = reap_child();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  expect_claims_gone_then_exit('f', "releases");
 }
 
 // An allocation the importer could not import is refused: the exporter's claim goes at once,
@@ -600,9 +604,7 @@ TEST_F(IpcExporter, AnAllocationTheImporterCannotImportIsRefusedAndItsClaimGoes)
       << "the claim stays while the importer lives";
   ASSERT_OK(arcpool_stream_synchronize(a, s));
   EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; })) << bytes_not_freed(a);
-  ASSERT_EQ(1, write(c.pipe, "x", 1));
-  const int status = reap_child();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  let_importer_exit();
 }
 
 // arcpool_ipc_exporter_destroy "Never blocks": not even when the socket is full because the
@@ -626,10 +628,7 @@ TEST_F(IpcExporter, AnAllocationWhoseStreamCapturesIsNotSentAndTheCaptureGoesOn)
   EXPECT_EQ(0u, outstanding);
   ASSERT_OK(arcpool_deallocate_async(h, s, 0));
   arcpool_allocation_release(h);
-  ASSERT_EQ(1, write(c.pipe, "x", 1));  // the importer goes
-  const int child_status = reap_child();
-  EXPECT_TRUE(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0)
-      << "importer wait status " << child_status;
+  let_importer_exit();  // the importer goes
 }
 
 // The importer's fence follows the work queued so far on every stream the allocation may be
@@ -651,11 +650,7 @@ TEST_F(IpcExporter, TheImporterSeesWritesQueuedOnAUseRecordsStream) {
     ASSERT_OK(arcpool_ipc_send(e, h));
     ASSERT_OK(arcpool_allocation_discard_and_release(h));
   }
-  ASSERT_EQ('f', read_report(c.pipe)) << "the importer did not report its frees";
-  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; })) << outstanding(e) << " left";
-  ASSERT_EQ(1, write(c.pipe, "x", 1));
-  const int status = reap_child();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  expect_claims_gone_then_exit('f', "frees");
   ASSERT_OK(arcpool_stream_synchronize(a, writer));
   ASSERT_OK(arcpool_stream_destroy(a, writer));
 }
@@ -692,10 +687,7 @@ TEST_F(IpcExporter, AnAllocationNoFenceHereCoversIsNotSent) {
     ASSERT_OK(arcpool_deallocate_async(h, s, 0));
     arcpool_allocation_release(h);
   }
-  ASSERT_EQ(1, write(c.pipe, "x", 1));  // the importer goes
-  const int child_status = reap_child();
-  EXPECT_TRUE(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0)
-      << "importer wait status " << child_status;
+  let_importer_exit();  // the importer goes
 }
 
 TEST_F(IpcExporter, DestroyReturnsWhileTheImporterDoesNotReadAFullSocket) {
