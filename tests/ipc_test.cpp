@@ -472,6 +472,15 @@ TEST(IpcTwoImporters, TheExportersFreeWaitsForEveryImporter) {
   EXPECT_EQ("", take_simcuda_violations());
 }
 
+/// Kills and reaps the other process when the test ends, also when an assertion ends it early.
+struct killed_at_end {
+  pid_t pid;
+  ~killed_at_end() {
+    kill(pid, SIGKILL);
+    reap(pid);
+  }
+};
+
 /// Drops import `h`, then the importer `im`, the stream `s` once its work ran and the allocator
 /// `a`; closes `pipe` and expects no simcuda violation.
 void end_importing_side(arcpool_allocator_t* a, arcpool_stream_t s, arcpool_ipc_importer_t* im,
@@ -517,13 +526,7 @@ TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
 TEST(Ipc, AReceiveOnACapturingStreamIsRefusedAndTheAllocationStaysQueued) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   child c = spawn_child("ExporterSendsAndWaits");
-  struct killed_at_end {  // also when an assertion ends the test early
-    pid_t pid;
-    ~killed_at_end() {
-      kill(pid, SIGKILL);
-      reap(pid);
-    }
-  } exporter_process{c.pid};
+  const killed_at_end exporter_process{c.pid};
   arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
   arcpool_stream_t s = nullptr;
   ASSERT_OK(arcpool_stream_create(a, &s));
@@ -538,6 +541,38 @@ TEST(Ipc, AReceiveOnACapturingStreamIsRefusedAndTheAllocationStaysQueued) {
   ASSERT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_receive(im, s, &h));
   ASSERT_NE(nullptr, std::strstr(arcpool_last_error(), "is capturing a CUDA graph"))
       << arcpool_last_error();
+  expect_capture_intact_then_end(cs);
+  ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+  expect_filled(h, s, 0x77);
+  end_importing_side(a, s, im, h, c.pipe);
+}
+
+// A capture begun on the stream while a receive waits for an allocation is seen once one
+// arrives: refused then, the allocation queued and the capture intact.
+TEST(Ipc, ACaptureBegunWhileAReceiveWaitsIsRefusedWhenTheAllocationArrives) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  child c = spawn_child("ExporterSendsAndWaits", {"ARCPOOL_IPC_SEND_ON_GO=1"});
+  const killed_at_end exporter_process{c.pid};
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_importer_t* im = nullptr;
+  ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
+  arcpool_allocation_t* h = nullptr;
+  arcpool_status_t received = ARCPOOL_STATUS_SUCCESS;
+  std::string why;
+  std::thread receiver([&] {
+    received = arcpool_ipc_receive(im, s, &h);
+    why = arcpool_last_error();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the receive waits by now
+  const auto cs = static_cast<cudaStream_t>(s);
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+  ASSERT_EQ(1, write(c.pipe, "x", 1));  // the exporter sends now
+  receiver.join();
+  // Stops here unless refused before the allocation was taken (see above).
+  ASSERT_EQ(ARCPOOL_STATUS_UNSUPPORTED, received) << why;
+  ASSERT_NE(std::string::npos, why.find("is capturing a CUDA graph")) << why;
   expect_capture_intact_then_end(cs);
   ASSERT_OK(arcpool_ipc_receive(im, s, &h));
   expect_filled(h, s, 0x77);
@@ -611,8 +646,8 @@ TEST_F(IpcExporter, AnAllocationTheImporterCannotImportIsRefusedAndItsClaimGoes)
 // importer does not read (the goodbye then goes as the end of the exporter's side).
 TEST_F(IpcExporter, AnAllocationWhoseStreamCapturesIsNotSentAndTheCaptureGoesOn) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
-  // The importer's fence is an event recorded on the allocation's current stream: recorded in a
-  // capture, it would be a node of the graph, not the work queued so far.
+  // The importer's fence is an event recorded after the work queued on the allocation's streams:
+  // recorded in a capture, it would be a node of the graph, not the work queued so far.
   start("ImporterConnectsAndWaits");
   ASSERT_EQ('c', read_report(c.pipe)) << "the importer did not connect";
   arcpool_allocation_t* h = nullptr;
@@ -925,6 +960,7 @@ TEST(IpcChild, DISABLED_ExporterSendsAndWaits) {
   arcpool::allocator a(options);
   arcpool::stream s = a.create_stream();
   arcpool::ipc_exporter e(a, env_fd("ARCPOOL_IPC_SOCKET"));
+  if (std::getenv("ARCPOOL_IPC_SEND_ON_GO") != nullptr) wait_for_parent();
   {
     arcpool::buffer b = a.allocate_async(kBytes, s.get());
     ASSERT_EQ(cudaSuccess,

@@ -600,8 +600,10 @@ ARCPOOL_API arcpool_status_t arcpool_default_allocator_get(int device,
                                                            arcpool_allocator_t** out_allocator);
 
 /** As arcpool_default_allocator_get, but never creates the allocator: `*out_allocator` is NULL
- * while `device` has none. For queries (statistics, a trim) that must not create one, and with
- * it a CUDA context on a device the process never used. Never blocks. */
+ * while `device` has none (or while its creation is still in progress). For queries
+ * (statistics, a trim) that must not create one, and with it a CUDA context on a device the
+ * process never used. Never blocks on devices 0-63 (on others, it waits for a creation in
+ * progress). Any device number is accepted: one the system does not have has none. */
 ARCPOOL_API arcpool_status_t arcpool_default_allocator_find(int device,
                                                             arcpool_allocator_t** out_allocator);
 

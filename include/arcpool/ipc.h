@@ -35,12 +35,16 @@ ARCPOOL_API arcpool_status_t arcpool_ipc_exporter_create(arcpool_allocator_t* al
 
 /**
  * Sends `allocation` (of the exporter's allocator, with alignment at most 256) to the importer:
- * records an interprocess event on its current stream, after the writes queued there, and
- * sends the pointer's export data with the event. The exporter takes a claim and a reference,
- * dropped once the importer's free of its import has completed (the drop is ordered after the
- * importer's interprocess event), or once the importer's process has exited. Never blocks on
- * the device; the socket write may block while the importer does not read. UNSUPPORTED while
- * the current stream captures a graph (the event would be a node of the graph).
+ * records an interprocess event after the work queued so far on every stream the allocation
+ * may be used on (on its current stream; with use records, on the exporter's own stream once
+ * it waited on a fence of each), and sends the pointer's export data with the event. The
+ * exporter takes a claim and a reference, dropped once the importer's free of its import has
+ * completed (the drop is ordered after the importer's interprocess event), or once the
+ * importer's process has exited. Never blocks on the device; the socket write may block while
+ * the importer does not read. UNSUPPORTED, with nothing sent, while a stream to fence captures
+ * a graph (the event would be a node of the graph), and when the current stream was destroyed
+ * or unregistered or is another thread's per-thread default stream (no fence taken here
+ * covers its work: transfer the allocation first, as for arcpool_allocation_export).
  */
 ARCPOOL_API arcpool_status_t arcpool_ipc_send(arcpool_ipc_exporter_t* exporter,
                                               arcpool_allocation_t* allocation);
@@ -75,6 +79,9 @@ ARCPOOL_API arcpool_status_t arcpool_ipc_importer_create(arcpool_allocator_t* al
  * frees the import (cudaFreeAsync), records an interprocess event after that free and tells
  * the exporter, whose free waits on that event. PEER_GONE once the exporter exited or
  * destroyed its side; imports already received stay usable and are freed as usual.
+ * UNSUPPORTED while `stream` captures a graph, also one begun while this call waited (the wait
+ * on the exporter's event would cross the capture's boundary): the allocation stays queued
+ * for the next receive, and the capture intact.
  */
 ARCPOOL_API arcpool_status_t arcpool_ipc_receive(arcpool_ipc_importer_t* importer,
                                                  arcpool_stream_t stream,

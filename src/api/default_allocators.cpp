@@ -83,9 +83,15 @@ arcpool_status_t default_allocator(int device, allocator** out, bool create) {
       return ARCPOOL_STATUS_SUCCESS;
     }
   }
+  // The lookup's table is the published one: a device it covers has none (or one being created,
+  // which a query need not wait for). Never waits on a creation there.
+  if (!create && device < kLockFreeDevices) {
+    *out = nullptr;
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   default_table& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
-  if (!create) {  // found by no lookup: there is none (a device from kLockFreeDevices on: look)
+  if (!create) {
     const auto it = t.by_device.find(device);
     *out = it == t.by_device.end() ? nullptr : it->second;
     if (*out != nullptr) (*out)->retain();

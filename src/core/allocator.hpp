@@ -101,13 +101,15 @@ class allocator {
   /// `flags`: arcpool_record_use_flags_t.
   arcpool_status_t record_use(allocation& a, stream_handle s, uint32_t flags);
   arcpool_status_t export_memory(allocation& a, void** out);
-  /// Makes `s` (arcpool's own, alive, never capturing) wait for the work queued so far on every
-  /// stream `a` may be used on: its current stream and its use records (a use on a stream
-  /// arcpool cannot prove alive stands as its fence from record_use, design.md §4), for `what`
-  /// (an IPC send, design.md §14). UNSUPPORTED, with nothing enqueued, for a retired current
-  /// stream or another thread's per-thread default stream, whose work since it was named no
-  /// fence covers, and while a stream to fence captures.
-  arcpool_status_t order_after_uses(allocation& a, stream_handle s, const char* what);
+  /// Records `e` after the work queued so far on every stream `a` may be used on, for `what` (an
+  /// IPC send, design.md §14): on its current stream when it has no use records; else on
+  /// `helper` (arcpool's own, alive, never capturing), once it waited on a fence of the current
+  /// stream and of each use record (a use on a stream arcpool cannot prove alive stands as its
+  /// fence from record_use, design.md §4). UNSUPPORTED, with nothing enqueued, for a retired
+  /// current stream or another thread's per-thread default stream, whose work since it was
+  /// named no fence taken here covers, and while a stream to fence captures.
+  arcpool_status_t record_after_uses(allocation& a, event_handle e, stream_handle helper,
+                                     const char* what);
   /// R reached 0: frees the record, and the memory where design.md §3 says so. Inline: the
   /// common case (deallocated memory of a determinate lifetime, whose record holds nothing to
   /// release, on a thread with room in its record list and its own statistics shard, the

@@ -132,13 +132,22 @@ arcpool_status_t allocator::check_current_fenceable(const allocation& a, const c
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t allocator::order_after_uses(allocation& a, stream_handle s, const char* what) {
+arcpool_status_t allocator::record_after_uses(allocation& a, event_handle e, stream_handle helper,
+                                              const char* what) {
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_current_fenceable(a, what));
   ARCPOOL_RETURN_IF_ERROR(check_not_capturing(a.current, what));
+  if (a.uses.empty()) {
+    // The current stream alone: recorded there, so that sends add no wait to a shared stream.
+    if (a.current.entry == nullptr) return driver_->event_record(e, a.current.handle);
+    const std::optional<arcpool_status_t> recorded =
+        a.current.entry->with_alive([&](stream_handle h) { return driver_->event_record(e, h); });
+    return recorded ? *recorded : check_current_fenceable(a, what);  // retired meanwhile
+  }
   fence_list fences;
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, kSkipNone, &fences));
-  return wait_all(s, fences);
+  ARCPOOL_RETURN_IF_ERROR(wait_all(helper, fences));
+  return driver_->event_record(e, helper);
 }
 
 arcpool_status_t allocator::export_memory(allocation& a, void** out) {

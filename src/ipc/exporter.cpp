@@ -19,34 +19,40 @@
 
 namespace arcpool::detail::ipc {
 
-exporter::exporter(arcpool_allocator_t* allocator, int fd, arcpool_stream_t watch_stream)
+exporter::exporter(arcpool_allocator_t* allocator, int fd, arcpool_stream_t watch_stream,
+                   arcpool_stream_t send_stream)
     : allocator_(allocator),
       drv_(from_handle(allocator)->drv()),
       channel_(fd),
       events_(from_handle(allocator)->drv()),
-      watch_stream_(watch_stream) {}
+      watch_stream_(watch_stream),
+      send_stream_(send_stream) {}
 
 exporter::~exporter() {
   arcpool_stream_destroy(allocator_.get(), watch_stream_);
+  arcpool_stream_destroy(allocator_.get(), send_stream_);
 }
 
 arcpool_status_t exporter::create(arcpool_allocator_t* allocator, int fd, exporter** out) {
   int pool_fd = -1;
   ARCPOOL_RETURN_IF_ERROR(from_handle(allocator)->drv().pool_export_fd(&pool_fd));
-  arcpool_stream_t watch_stream = nullptr;
+  arcpool_stream_t watch_stream = nullptr, send_stream = nullptr;
+  auto destroy_streams = [&] {
+    if (watch_stream != nullptr) arcpool_stream_destroy(allocator, watch_stream);
+    if (send_stream != nullptr) arcpool_stream_destroy(allocator, send_stream);
+  };
   arcpool_status_t status = arcpool_stream_create(allocator, &watch_stream);
-  if (status == ARCPOOL_STATUS_SUCCESS) {
-    status = arcpool_allocator_retain(allocator);
-    if (status != ARCPOOL_STATUS_SUCCESS) arcpool_stream_destroy(allocator, watch_stream);
-  }
+  if (status == ARCPOOL_STATUS_SUCCESS) status = arcpool_stream_create(allocator, &send_stream);
+  if (status == ARCPOOL_STATUS_SUCCESS) status = arcpool_allocator_retain(allocator);
   if (status != ARCPOOL_STATUS_SUCCESS) {
+    destroy_streams();
     close(pool_fd);
     return status;
   }
-  auto* e = new (std::nothrow) exporter(allocator, fd, watch_stream);
+  auto* e = new (std::nothrow) exporter(allocator, fd, watch_stream, send_stream);
   if (e == nullptr) {
     close(pool_fd);
-    arcpool_stream_destroy(allocator, watch_stream);
+    destroy_streams();
     arcpool_allocator_destroy(allocator);
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an IPC exporter");
   }
@@ -107,16 +113,17 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
   m.kind = message_kind::allocation;
   m.size = placement.size;
   ARCPOOL_RETURN_IF_ERROR(drv_.pool_export_pointer(data, &m.pointer));
-  // The importer's first use waits on this event: recorded on the watch stream after it waited
-  // for the work queued so far on every stream the allocation may be used on, its writes
-  // included (cudaMemPoolImportPointer: "The imported memory must not be accessed before the
-  // allocation operation completes in the exporting process"). Recorded during a capture, a
-  // fence would be a node of the graph, which runs later and at every launch, not a record of
-  // the work queued so far: refused then, as for a current stream no fence taken here covers.
-  ARCPOOL_RETURN_IF_ERROR(record.owner.order_after_uses(record, watch_stream_, "arcpool_ipc_send"));
+  // The importer's first use waits on this event, recorded after the work queued so far on
+  // every stream the allocation may be used on, its writes included (cudaMemPoolImportPointer:
+  // "The imported memory must not be accessed before the allocation operation completes in the
+  // exporting process"): on its current stream, or on the send stream once that waited on them
+  // all. Recorded during a capture, a fence would be a node of the graph, which runs later and
+  // at every launch, not a record of the work queued so far: refused then, as for a current
+  // stream no fence taken here covers.
   sent s{a, {}};
   ARCPOOL_RETURN_IF_ERROR(events_.take(&s.event));
-  arcpool_status_t status = drv_.event_record(s.event.event, watch_stream_);
+  arcpool_status_t status =
+      record.owner.record_after_uses(record, s.event.event, send_stream_, "arcpool_ipc_send");
   if (status == ARCPOOL_STATUS_SUCCESS) status = arcpool_allocation_preserve(a);
   if (status != ARCPOOL_STATUS_SUCCESS) {
     events_.give_back(s.event);

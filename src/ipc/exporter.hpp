@@ -37,7 +37,8 @@ class exporter {
     ipc_event_pool::entry event;
   };
 
-  exporter(arcpool_allocator_t* allocator, int fd, arcpool_stream_t watch_stream);
+  exporter(arcpool_allocator_t* allocator, int fd, arcpool_stream_t watch_stream,
+           arcpool_stream_t send_stream);
   ~exporter();
 
   /// The watching thread: releases as the importer reports them, then everything left once
@@ -62,6 +63,9 @@ class exporter {
   channel channel_;
   ipc_event_pool events_;
   const arcpool_stream_t watch_stream_;  ///< waits on importers' events; created on allocator_
+  /// Joins the streams of an allocation sent with use records before its event is recorded
+  /// (apart from watch_stream_, whose waits on importers' releases sends must not wait for).
+  const arcpool_stream_t send_stream_;
   pid_t importer_pid_ = 0;
   std::mutex mu_;
   std::unordered_map<uint64_t, sent> sent_;

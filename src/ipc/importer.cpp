@@ -64,33 +64,45 @@ arcpool_status_t importer::create(arcpool_allocator_t* allocator, int fd, import
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+arcpool_status_t importer::refuse_capturing(arcpool_stream_t stream) {
+  bool capturing = false;
+  ARCPOOL_RETURN_IF_ERROR(drv_.stream_is_capturing(stream, &capturing));
+  if (!capturing) return ARCPOOL_STATUS_SUCCESS;
+  return fail(ARCPOOL_STATUS_UNSUPPORTED,
+              "arcpool_ipc_receive: stream %p is capturing a CUDA graph: the wait on the "
+              "exporter's event would cross the capture's boundary; receive outside the "
+              "capture (the allocation stays queued)",
+              static_cast<void*>(stream));
+}
+
 arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t** out) {
   // The first use's wait on the exporter's event is enqueued on `stream`. Made during a capture,
   // it would wait on a non-captured event from a capturing stream, which CUDA refuses (only
   // cudaEventWaitExternal's launch-time wait may cross a capture's boundary) and which breaks
-  // the capture: refused first, with nothing received. On the legacy default stream while a
-  // blocking stream captures, the query itself fails (cudaErrorStreamCaptureImplicit).
-  bool capturing = false;
-  ARCPOOL_RETURN_IF_ERROR(drv_.stream_is_capturing(stream, &capturing));
-  if (capturing) {
-    return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                "arcpool_ipc_receive: stream %p is capturing a CUDA graph: the wait on the "
-                "exporter's event would cross the capture's boundary; receive outside the "
-                "capture (the allocation stays queued)",
-                static_cast<void*>(stream));
-  }
+  // the capture: refused, with nothing taken. Checked before waiting for an allocation, and
+  // again once one is at hand, for a capture begun meanwhile. On the legacy default stream
+  // while a blocking stream captures, the query itself fails (cudaErrorStreamCaptureImplicit).
+  ARCPOOL_RETURN_IF_ERROR(refuse_capturing(stream));
   message m;
   {
-    // One reader at a time; a drain that ran before this may have left an allocation pending.
+    // One reader at a time (drain only adds to pending_, and only when no reader reads); a
+    // drain that ran before this may have left an allocation pending.
     std::lock_guard<std::mutex> reading(reading_mu_);
     for (;;) {
+      bool pending = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!pending_.empty()) {
-          m = pending_.front();
-          pending_.pop_front();
-          break;
-        }
+        pending = !pending_.empty();
+      }
+      if (pending) {
+        ARCPOOL_RETURN_IF_ERROR(refuse_capturing(stream));
+        std::lock_guard<std::mutex> lock(mu_);
+        m = pending_.front();
+        pending_.pop_front();
+        break;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
         if (exporter_gone_) {
           return fail(ARCPOOL_STATUS_PEER_GONE,
                       "arcpool_ipc_receive: the exporter closed the connection (its process "

@@ -28,6 +28,8 @@ class importer {
   void destroy() noexcept { unref(); }
 
  private:
+  /// UNSUPPORTED while `stream` captures a graph (a receive's wait would cross its boundary).
+  arcpool_status_t refuse_capturing(arcpool_stream_t stream);
   /// What the on-free callback of one import needs.
   struct import_ctx {
     importer* owner;

@@ -118,7 +118,7 @@ class ArcpoolPackage(unittest.TestCase):
         self.assertEqual("True", none, "a query created device 1's allocator")
         self.assertEqual("0", contexts, "a query created a CUDA context on device 1")
 
-
+    def test_torch_style_keys_mirror_arcpool_figures(self):
         s = arcpool.stats()
         for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
                     "reserved_bytes.all.current", "reserved_bytes.all.peak",
