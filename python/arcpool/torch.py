@@ -117,7 +117,23 @@ def stats(device=0):
 
 def _device_index(device):
     """torch.cuda's device argument (None: the current device; an int, "cuda:N" or a
-    torch.device) as an index. None is device 0 where torch or CUDA is not available."""
+    torch.device) as an index. None is device 0 where torch or CUDA is not available. A device
+    this process does not have raises, as torch's own statistics do ("Invalid device argument"):
+    arcpool would read zeros for it (no allocator)."""
+    index = _device_argument(device)
+    try:
+        import torch
+    except ImportError:
+        return index
+    count = torch.cuda.device_count()  # creates no context
+    if count > 0 and not 0 <= index < count:
+        raise RuntimeError(f"Invalid device argument {index}: this process has {count} CUDA "
+                           f"device(s)")
+    return index
+
+
+def _device_argument(device):
+    """_device_index without the check against the device count."""
     if device is None:
         try:
             import torch
@@ -131,17 +147,19 @@ def _device_index(device):
         kind, _, index = device.partition(":")
         if kind != "cuda":
             raise ValueError(f"arcpool: {device!r} is not a CUDA device")
-        return int(index) if index else _device_index(None)
+        return int(index) if index else _device_argument(None)
     index = getattr(device, "index", None)  # torch.device
     if getattr(device, "type", "cuda") != "cuda":
         raise ValueError(f"arcpool: {device!r} is not a CUDA device")
-    return _device_index(None) if index is None else index
+    return _device_argument(None) if index is None else index
 
 
 # The accumulated counts torch's reset_accumulated_memory_stats restarts, among torch's keys.
 _ACCUMULATED_KEYS = ("allocation.all.allocated", "allocation.all.freed", "num_alloc_retries",
                      "num_ooms")
-_accumulated_base = {}  # device -> {key: its count at the last reset_accumulated_memory_stats}
+# device -> (its default allocator's handle, {key: its count at the last
+# reset_accumulated_memory_stats}): a replaced allocator counts from 0 again, without the base.
+_accumulated_base = {}
 
 
 def memory_stats(device=None):
@@ -153,9 +171,17 @@ def memory_stats(device=None):
 
     index = _device_index(device)
     figures = arcpool_stats(index)
-    for key, base in _accumulated_base.get(index, {}).items():
-        figures[key] -= base
+    allocator, base = _accumulated_base.get(index, (None, {}))
+    if allocator is not None and allocator == _allocator_value(index):
+        for key, count in base.items():
+            figures[key] -= count
     return collections.OrderedDict(sorted(figures.items()))
+
+
+def _allocator_value(index):
+    """The address of `index`'s default allocator, or None while it has none."""
+    handle = _lib.existing_allocator(index)
+    return None if handle is None else handle.value
 
 
 def reset_accumulated_memory_stats(device=None):
@@ -166,7 +192,8 @@ def reset_accumulated_memory_stats(device=None):
 
     index = _device_index(device)
     figures = arcpool_stats(index)
-    _accumulated_base[index] = {key: figures[key] for key in _ACCUMULATED_KEYS}
+    _accumulated_base[index] = (_allocator_value(index),
+                                {key: figures[key] for key in _ACCUMULATED_KEYS})
 
 
 def get_per_process_memory_fraction(device=None):
@@ -263,21 +290,30 @@ _MAX_DEVICES = 64  # the devices whose default allocators a snapshot looks for
 def _snapshot(device=None, augment_with_fx_traces=False):
     """torch.cuda.memory._snapshot(), from arcpool's memory history: PyTorch's dictionary over
     every device, as torch's own (which ignores `device`): the "segments" of every device with
-    a default allocator, and its "device_traces" at its index (arcpool.memory_snapshot;
-    ARCPOOL_HISTORY=N turns the history on). arcpool records no stack frames, so FX
-    augmentation has nothing to add."""
+    a default allocator that keeps a history, and its "device_traces" at its index
+    (arcpool.memory_snapshot; ARCPOOL_HISTORY=N turns the history on; ArcpoolError when no
+    device keeps one). arcpool records no stack frames, so FX augmentation has nothing to
+    add."""
     from . import memory_snapshot
+    from ._lib import ArcpoolError
 
     del device, augment_with_fx_traces
     merged = {"segments": [], "device_traces": []}
+    failure = None
     for index in range(_MAX_DEVICES):
         if _lib.existing_allocator(index) is None:
             continue
-        one = memory_snapshot(index)
+        try:
+            one = memory_snapshot(index)
+        except ArcpoolError as e:  # this device's allocator keeps no history: skipped
+            failure = failure or e
+            continue
         merged["segments"].extend(one["segments"])
         traces = merged["device_traces"]
         traces.extend([] for _ in range(index + 1 - len(traces)))
         traces[index] = one["device_traces"][index]
+    if failure is not None and not merged["device_traces"]:
+        raise failure  # no device keeps a history: say how to turn it on
     return merged
 
 
@@ -296,7 +332,8 @@ _SNAPSHOT_API = ("_snapshot", "_dump_snapshot")  # torch.cuda.memory's only
 # torch.accelerator's (and torch.accelerator.memory's), where that torch has them: they read the
 # current allocator's device statistics, which a pluggable allocator refuses.
 _ACCELERATOR_API = ("memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
-                    "max_memory_reserved", "reset_peak_memory_stats")
+                    "max_memory_reserved", "reset_peak_memory_stats",
+                    "reset_accumulated_memory_stats")
 _patched = {}
 
 

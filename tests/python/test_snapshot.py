@@ -162,6 +162,22 @@ class Snapshot(unittest.TestCase):
             self.assertEqual([4096 * (device + 1)], [e["size"] for e in allocs])
         self.assertEqual({0, 2}, {s["device"] for s in snapshot["segments"]})
 
+    def test_torchs_snapshot_skips_a_device_without_history(self):
+        # One device's allocator made without a history (ARCPOOL_HISTORY unset by then) takes
+        # nothing from the others' snapshot.
+        done = _run_child(textwrap.dedent("""
+            import os
+            import arcpool, arcpool.torch
+            lib = arcpool._lib.lib
+            assert lib.arcpool_malloc_async(4096, 0, None), lib.arcpool_last_error()
+            del os.environ["ARCPOOL_HISTORY"]
+            assert lib.arcpool_malloc_async(4096, 1, None), lib.arcpool_last_error()
+            snapshot = arcpool.torch._snapshot()
+            assert len(snapshot["device_traces"]) == 1, snapshot
+            assert snapshot["device_traces"][0], snapshot
+        """), 1000)
+        self.assertEqual(0, done.returncode, done.stderr)
+
     def test_without_history_the_snapshot_says_how_to_turn_it_on(self):
         done = _run_child(textwrap.dedent("""
             import arcpool

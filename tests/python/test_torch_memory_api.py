@@ -5,6 +5,7 @@ checked on a stand-in for torch.cuda here, and on torch itself where torch is in
 """
 import ctypes
 import importlib.util
+import sys
 import types
 import unittest
 
@@ -107,7 +108,8 @@ class TorchMemoryApi(unittest.TestCase):
         memory = types.SimpleNamespace(**{name: native for name in cuda_names})
         cuda = types.SimpleNamespace(memory=memory, **{name: native for name in at._MEMORY_API})
         # An accelerator module with only some of the functions (an older torch).
-        accelerator_memory = types.SimpleNamespace(memory_stats=native, memory_allocated=native)
+        accelerator_memory = types.SimpleNamespace(memory_stats=native, memory_allocated=native,
+                                                   reset_accumulated_memory_stats=native)
         accelerator = types.SimpleNamespace(memory=accelerator_memory,
                                             memory_allocated=native)
         at.patch_memory_api(cuda, accelerator)
@@ -115,6 +117,8 @@ class TorchMemoryApi(unittest.TestCase):
             self.assertIs(at.memory_allocated, accelerator.memory_allocated)
             self.assertIs(at.memory_stats, accelerator_memory.memory_stats)
             self.assertIs(at.memory_allocated, accelerator_memory.memory_allocated)
+            self.assertIs(at.reset_accumulated_memory_stats,
+                          accelerator_memory.reset_accumulated_memory_stats)
             self.assertFalse(hasattr(accelerator, "memory_stats"), "nothing added")
             self.assertEqual(at.memory_allocated(0), accelerator.memory_allocated(0))
         finally:
@@ -158,6 +162,39 @@ class TorchMemoryApi(unittest.TestCase):
             at.unpatch_memory_api()
             at._accumulated_base.clear()
         self.assertIs(native, cuda.reset_accumulated_memory_stats)
+
+    def test_a_replaced_default_allocator_counts_from_zero_again(self):
+        _free(_malloc(MIB), MIB)
+        at.reset_accumulated_memory_stats(0)
+        _free(_malloc(MIB), MIB)
+        self.assertEqual(1, at.memory_stats(0)["allocation.all.allocated"])
+        lib = arcpool._lib.lib
+        lib.arcpool_default_allocator_set.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        try:
+            self.assertEqual(0, lib.arcpool_default_allocator_set(0, None))  # a fresh one next
+            self.assertEqual(0, at.memory_stats(0)["allocation.all.allocated"])
+            _free(_malloc(MIB), MIB)
+            self.assertEqual(1, at.memory_stats(0)["allocation.all.allocated"])
+        finally:
+            at._accumulated_base.clear()
+
+    def test_a_device_this_process_does_not_have_raises_as_torchs_own(self):
+        # With torch, torch.cuda.memory_allocated(7) on a two-GPU machine raises "Invalid
+        # device argument"; arcpool would read zeros (no allocator there). A stand-in torch.
+        fake = types.ModuleType("torch")
+        fake.cuda = types.SimpleNamespace(device_count=lambda: 2)
+        saved = sys.modules.get("torch")
+        sys.modules["torch"] = fake
+        try:
+            self.assertEqual(at.memory_allocated(0), arcpool.stats(0)["allocated_bytes.all.current"])
+            with self.assertRaises(RuntimeError) as caught:
+                at.memory_allocated(7)
+            self.assertIn("Invalid device argument 7", str(caught.exception))
+        finally:
+            if saved is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = saved
 
     @unittest.skipUnless(importlib.util.find_spec("torch"), "PyTorch is not installed here")
     def test_the_patch_on_torch_itself(self):
