@@ -157,7 +157,7 @@ def _device_argument(device):
 # The accumulated counts torch's reset_accumulated_memory_stats restarts, among torch's keys.
 _ACCUMULATED_KEYS = ("allocation.all.allocated", "allocation.all.freed", "num_alloc_retries",
                      "num_ooms")
-# device -> (its default allocator's handle, {key: its count at the last
+# device -> (its default allocator's address, {key: its count at the last
 # reset_accumulated_memory_stats}): a replaced allocator counts from 0 again, without the base.
 _accumulated_base = {}
 
@@ -172,9 +172,15 @@ def memory_stats(device=None):
     index = _device_index(device)
     figures = arcpool_stats(index)
     allocator, base = _accumulated_base.get(index, (None, {}))
-    if allocator is not None and allocator == _allocator_value(index):
-        for key, count in base.items():
-            figures[key] -= count
+    if base:
+        # A replaced allocator counts from 0: its base goes once it is seen gone, or below the
+        # base (a new allocator may be made at the freed one's address; one seen only after
+        # it counted past the base is not told apart).
+        if allocator != _allocator_value(index) or any(figures[k] < c for k, c in base.items()):
+            del _accumulated_base[index]
+        else:
+            for key, count in base.items():
+                figures[key] -= count
     return collections.OrderedDict(sorted(figures.items()))
 
 
