@@ -472,42 +472,56 @@ TEST(IpcTwoImporters, TheExportersFreeWaitsForEveryImporter) {
   EXPECT_EQ("", take_simcuda_violations());
 }
 
-/// Kills and reaps the other process when the test ends, also when an assertion ends it early.
-struct killed_at_end {
-  pid_t pid;
-  ~killed_at_end() {
-    kill(pid, SIGKILL);
-    reap(pid);
+/// The importing process of a test: an allocator on an owned pool, a stream and an importer
+/// joined to a child exporting as `role`. TearDown kills the child if the test did not reap it.
+class IpcImporter : public ::testing::Test {
+ protected:
+  void start(const char* role, std::vector<std::string> env = {}) {
+    c = spawn_child(role, std::move(env));
+    a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
+    ASSERT_NE(nullptr, a);
+    ASSERT_OK(arcpool_stream_create(a, &s));
+    ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
   }
+  /// Drops import `h`, then the importer, the stream once its work ran and the allocator; closes
+  /// the control socket and expects no simcuda violation.
+  void end(arcpool_allocation_t* h) {
+    ASSERT_OK(arcpool_allocation_discard_and_release(h));
+    arcpool_ipc_importer_destroy(std::exchange(im, nullptr));
+    ASSERT_OK(arcpool_stream_synchronize(a, s));
+    ASSERT_OK(arcpool_stream_destroy(a, std::exchange(s, nullptr)));
+    arcpool_allocator_destroy(std::exchange(a, nullptr));
+    close(std::exchange(c.pipe, -1));
+    EXPECT_EQ("", take_simcuda_violations());
+  }
+  void TearDown() override {
+    if (c.pid > 0) {  // the child must not outlive the test
+      kill(c.pid, SIGKILL);
+      reap(c.pid);
+    }
+    if (im == nullptr && a == nullptr) return;  // ended
+    arcpool_ipc_importer_destroy(im);
+    if (s != nullptr) {
+      ASSERT_OK(arcpool_stream_destroy(a, s));
+    }
+    arcpool_allocator_destroy(a);
+    if (c.pipe >= 0) close(c.pipe);
+  }
+  child c;
+  arcpool_allocator_t* a = nullptr;
+  arcpool_stream_t s = nullptr;
+  arcpool_ipc_importer_t* im = nullptr;
 };
 
-/// Drops import `h`, then the importer `im`, the stream `s` once its work ran and the allocator
-/// `a`; closes `pipe` and expects no simcuda violation.
-void end_importing_side(arcpool_allocator_t* a, arcpool_stream_t s, arcpool_ipc_importer_t* im,
-                        arcpool_allocation_t* h, int pipe) {
-  ASSERT_OK(arcpool_allocation_discard_and_release(h));
-  arcpool_ipc_importer_destroy(im);
-  ASSERT_OK(arcpool_stream_synchronize(a, s));
-  ASSERT_OK(arcpool_stream_destroy(a, s));
-  arcpool_allocator_destroy(a);
-  close(pipe);
-  EXPECT_EQ("", take_simcuda_violations());
-}
-
-TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
+TEST_F(IpcImporter, AKilledExporterLeavesTheImporterAClearStatus) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
-  child c = spawn_child("ExporterSendsAndWaits");
-  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
-  arcpool_ipc_importer_t* im = nullptr;
-  ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
+  ASSERT_NO_FATAL_FAILURE(start("ExporterSendsAndWaits"));
   arcpool_allocation_t* h = nullptr;
   ASSERT_OK(arcpool_ipc_receive(im, s, &h));
   expect_filled(h, s, 0x77);
   ASSERT_EQ('s', read_report(c.pipe));
   ASSERT_EQ(0, kill(c.pid, SIGKILL));
-  const int status = reap(c.pid);
+  const int status = reap(std::exchange(c.pid, -1));
   EXPECT_TRUE(WIFSIGNALED(status)) << status;
   arcpool_allocation_t* next = nullptr;
   EXPECT_STATUS(ARCPOOL_STATUS_PEER_GONE, arcpool_ipc_receive(im, s, &next));
@@ -518,20 +532,14 @@ TEST(Ipc, AKilledExporterLeavesTheImporterAClearStatus) {
   // The import is freed as usual; the release the dead exporter cannot hear is dropped. Its
   // on-free callback may run after this test, even at exit, and drop the allocator's last handle
   // there (design.md §10, "Exit").
-  end_importing_side(a, s, im, h, c.pipe);
+  end(h);
 }
 
 // The first use's wait on the exporter's event would cross a capture's boundary: a receive on
 // a capturing stream is refused, leaves the capture intact and the allocation queued.
-TEST(Ipc, AReceiveOnACapturingStreamIsRefusedAndTheAllocationStaysQueued) {
+TEST_F(IpcImporter, AReceiveOnACapturingStreamIsRefusedAndTheAllocationStaysQueued) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
-  child c = spawn_child("ExporterSendsAndWaits");
-  const killed_at_end exporter_process{c.pid};
-  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
-  arcpool_ipc_importer_t* im = nullptr;
-  ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
+  ASSERT_NO_FATAL_FAILURE(start("ExporterSendsAndWaits"));
   ASSERT_EQ('s', read_report(c.pipe)) << "the exporter did not send";
   const auto cs = static_cast<cudaStream_t>(s);
   ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
@@ -544,20 +552,14 @@ TEST(Ipc, AReceiveOnACapturingStreamIsRefusedAndTheAllocationStaysQueued) {
   expect_capture_intact_then_end(cs);
   ASSERT_OK(arcpool_ipc_receive(im, s, &h));
   expect_filled(h, s, 0x77);
-  end_importing_side(a, s, im, h, c.pipe);
+  end(h);
 }
 
 // A capture begun on the stream while a receive waits for an allocation is seen once one
 // arrives: refused then, the allocation queued and the capture intact.
-TEST(Ipc, ACaptureBegunWhileAReceiveWaitsIsRefusedWhenTheAllocationArrives) {
+TEST_F(IpcImporter, ACaptureBegunWhileAReceiveWaitsIsRefusedWhenTheAllocationArrives) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
-  child c = spawn_child("ExporterSendsAndWaits", {"ARCPOOL_IPC_SEND_ON_GO=1"});
-  const killed_at_end exporter_process{c.pid};
-  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(a, &s));
-  arcpool_ipc_importer_t* im = nullptr;
-  ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
+  ASSERT_NO_FATAL_FAILURE(start("ExporterSendsAndWaits", {"ARCPOOL_IPC_SEND_ON_GO=1"}));
   arcpool_allocation_t* h = nullptr;
   arcpool_status_t received = ARCPOOL_STATUS_SUCCESS;
   std::string why;
@@ -576,7 +578,7 @@ TEST(Ipc, ACaptureBegunWhileAReceiveWaitsIsRefusedWhenTheAllocationArrives) {
   expect_capture_intact_then_end(cs);
   ASSERT_OK(arcpool_ipc_receive(im, s, &h));
   expect_filled(h, s, 0x77);
-  end_importing_side(a, s, im, h, c.pipe);
+  end(h);
 }
 
 TEST_F(IpcExporter, ADestroyedExporterSaysGoodbyeAndDropsItsClaimsAsTheImporterReleases) {
