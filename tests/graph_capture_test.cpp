@@ -185,6 +185,9 @@ TEST_P(GraphCapture, GraphMemoryTheGraphDoesNotFreeIsFreedOutsideAfterALaunch) {
   // cudaGraphLaunch: a relaunch with the last launch's allocation unfreed fails.
   EXPECT_EQ(cudaErrorInvalidValue, cudaGraphLaunch(exec, cu(s)));
   cudaGetLastError();
+  void* raw = nullptr;  // its graph frees it: never handed out raw
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_allocation_export(a, &raw));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "graph memory")) << arcpool_last_error();
   const arcpool_stats_t before = stats();
   ASSERT_OK(arcpool_deallocate_async(a, s, 0));
   arcpool_allocation_release(a);
@@ -600,6 +603,10 @@ TEST_P(GraphPools, ABlockTheGraphKeepsGoesBackToThePoolWhenItsOwnerDeallocatesIt
   sync(s);
   expect_filled(data(out), kBytes, 8);
   EXPECT_EQ(kBytes, stats().graph_bytes_in_use_current);
+  void* raw = nullptr;  // it goes back to its pool: never handed out raw
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_allocation_export(out, &raw));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "graph pool's block"))
+      << arcpool_last_error();
   ASSERT_OK(arcpool_deallocate_async(out, s, 0));
   arcpool_allocation_release(out);
   EXPECT_EQ(0u, stats().graph_bytes_in_use_current);

@@ -1,13 +1,17 @@
-// Bad input and faults (design.md §10): a by-pointer allocation whose entry cannot be recorded
-// because the host has no memory left for the by-pointer table to grow. Nothing may be lost:
-// the call fails with OUT_OF_MEMORY and a message, the memory it allocated goes back in stream
-// order, and every allocation recorded before stays findable and freeable.
+// Bad input and faults (design.md §10): calls for which the host has no memory left. Nothing
+// may be lost: the call fails with OUT_OF_MEMORY and a message, and leaves nothing behind.
+// - A by-pointer allocation whose entry cannot be recorded because the by-pointer table cannot
+//   grow: the memory it allocated goes back in stream order, and every allocation recorded
+//   before stays findable and freeable.
+// - A view whose handle cannot be made: it takes no reference.
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
-// growth uses in arcpool, so that the test can make exactly one such allocation fail.
+// growth uses in arcpool, and the scalar operator new, so that a test can make exactly one such
+// allocation fail.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <new>
 #include <string>
 #include <vector>
@@ -15,25 +19,52 @@
 #include "arcpool/arcpool.h"
 
 namespace {
-std::atomic<int> g_array_news_to_fail{0};
-std::atomic<int> g_array_news_failed{0};
+/// One kind of operator new that a test makes fail: the next `to_fail` calls fail.
+struct failing_news {
+  std::atomic<int> to_fail{0};
+  std::atomic<int> failed{0};
+
+  /// True if this call is to fail (and counts it).
+  bool take() noexcept {
+    int left = to_fail.load();
+    while (left > 0 && !to_fail.compare_exchange_weak(left, left - 1)) {
+    }
+    if (left > 0) failed.fetch_add(1);
+    return left > 0;
+  }
+};
+failing_news g_array_news;
+failing_news g_scalar_news;
 }  // namespace
 
 /// Fails while the test asks for it; otherwise the default array new (so that delete[] matches).
 void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
-  int left = g_array_news_to_fail.load();
-  while (left > 0 && !g_array_news_to_fail.compare_exchange_weak(left, left - 1)) {
-  }
-  if (left > 0) {
-    g_array_news_failed.fetch_add(1);
-    return nullptr;
-  }
+  if (g_array_news.take()) return nullptr;
   try {
     return ::operator new[](bytes);
   } catch (...) {
     return nullptr;
   }
 }
+
+/// Fails while the test asks for it; otherwise malloc, as the default (so that every delete,
+/// which frees, matches). The default nothrow new calls it and returns null when it throws.
+void* operator new(std::size_t bytes) {
+  if (!g_scalar_news.take()) {
+    if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  }
+  throw std::bad_alloc();
+}
+// GCC takes any operator new's memory for new's, not malloc's: here it is malloc's.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+#pragma GCC diagnostic pop
 
 namespace {
 
@@ -59,10 +90,10 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
     recorded.push_back(p);
   }
   // The table grows as it fills: allocate until its next growth fails.
-  g_array_news_to_fail = 1;
+  g_array_news.to_fail = 1;
   void* refused = reinterpret_cast<void*>(1);
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
-  while (g_array_news_failed.load() == 0 && recorded.size() < 100000) {
+  while (g_array_news.failed.load() == 0 && recorded.size() < 100000) {
     void* p = nullptr;
     status = arcpool_allocator_malloc_async(alloc, kBytes, 0, s, &p);
     if (status != ARCPOOL_STATUS_SUCCESS) {
@@ -71,8 +102,8 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
     }
     recorded.push_back(p);
   }
-  g_array_news_to_fail = 0;
-  ASSERT_EQ(1, g_array_news_failed.load()) << "the table never grew";
+  g_array_news.to_fail = 0;
+  ASSERT_EQ(1, g_array_news.failed.load()) << "the table never grew";
   EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status);
   EXPECT_NE(std::string::npos, std::string(arcpool_last_error()).find("no host memory"))
       << arcpool_last_error();
@@ -101,6 +132,37 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
   EXPECT_EQ(0u, st.bytes_in_use_current);
 
   EXPECT_OK(arcpool_stream_destroy(alloc, s));
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_HOST;
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
+      << arcpool_last_error();
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, nullptr, 0, &a))
+      << arcpool_last_error();
+
+  arcpool_allocation_t* view = nullptr;
+  g_scalar_news.to_fail = 1;
+  const arcpool_status_t status = arcpool_allocation_view(a, 0, kBytes / 2, &view);
+  g_scalar_news.to_fail = 0;
+  ASSERT_EQ(1, g_scalar_news.failed.load()) << "the view's handle was not the call's allocation";
+  EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status);
+  EXPECT_NE(std::string::npos, std::string(arcpool_last_error()).find("no host memory"))
+      << arcpool_last_error();
+  EXPECT_EQ(nullptr, view);
+  arcpool_allocation_info_t info;
+  info.struct_size = sizeof(info);
+  info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+  EXPECT_OK(arcpool_allocation_info(a, &info));
+  EXPECT_EQ(1u, info.references) << "the refused view kept a reference";
+
+  EXPECT_OK(arcpool_allocation_discard_and_release(a));
+  EXPECT_OK(arcpool_stream_synchronize(alloc, nullptr));
   arcpool_allocator_destroy(alloc);
 }
 

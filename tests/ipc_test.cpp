@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <initializer_list>
 #include <string>
 #include <thread>
@@ -577,6 +578,36 @@ TEST_F(IpcImporter, ACaptureBegunWhileAReceiveWaitsIsRefusedWhenTheAllocationArr
   ASSERT_NE(std::string::npos, why.find("is capturing a CUDA graph")) << why;
   expect_capture_intact_then_end(cs);
   ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+  expect_filled(h, s, 0x77);
+  end(h);
+}
+
+// The import would refuse a stream of another device (INVALID_ARGUMENT): the receive refuses it
+// first, before it takes the allocation, which stays queued for a receive on a good stream.
+TEST_F(IpcImporter, AReceiveOnAnotherDevicesStreamIsRefusedAndTheAllocationStaysQueued) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  int devices = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&devices));
+  if (devices < 2) GTEST_SKIP() << "needs two devices";
+  ASSERT_NO_FATAL_FAILURE(start("ExporterSendsAndWaits"));
+  ASSERT_EQ('s', read_report(c.pipe)) << "the exporter did not send";
+  arcpool_allocator_t* other = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0, 1);
+  ASSERT_NE(nullptr, other);
+  arcpool_stream_t on_other = nullptr;
+  ASSERT_OK(arcpool_stream_create(other, &on_other));
+  arcpool_allocation_t* h = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_receive(im, on_other, &h));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "belongs to device 1"))
+      << arcpool_last_error();
+  EXPECT_EQ(nullptr, h);
+  ASSERT_OK(arcpool_stream_destroy(other, on_other));
+  arcpool_allocator_destroy(other);
+  auto received = std::async(std::launch::async, [&] { return arcpool_ipc_receive(im, s, &h); });
+  if (received.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "the refused receive took the allocation: none is left to receive";
+    kill(c.pid, SIGKILL);  // the receive then ends with PEER_GONE
+  }
+  ASSERT_OK(received.get());
   expect_filled(h, s, 0x77);
   end(h);
 }

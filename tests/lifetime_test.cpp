@@ -6,6 +6,7 @@
 #include <chrono>
 #include <future>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "support/driver_test.hpp"
@@ -373,6 +374,25 @@ TEST_P(Lifetime, ExportOfAnOverAlignedAllocationIsUnsupported) {
   EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(a).state);
   EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
   arcpool_allocation_release(a);
+}
+
+TEST_P(Lifetime, ExportOfAnImportIsUnsupportedAndItsOnFreeStillRunsOnce) {
+  on_free_log log;
+  void* p = foreign(kBytes);
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_import(alloc_, p, kBytes, s_, ARCPOOL_IMPORT_FLAG_CONSUME, &on_free_log::record,
+                           &log, &a));
+  void* out = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_allocation_export(a, &out));
+  EXPECT_NE(std::string::npos, std::string(arcpool_last_error()).find("imported memory"))
+      << arcpool_last_error();
+  EXPECT_EQ(nullptr, out);
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(a).state);
+  EXPECT_OK(arcpool_allocation_discard_and_release(a));
+  sync(s_);
+  finish_reclaims();
+  EXPECT_EQ(1, log.calls.load()) << "an import's on_free runs exactly once";
+  EXPECT_EQ(0u, stats().exports);
 }
 
 // --- Views ---------------------------------------------------------------------------------

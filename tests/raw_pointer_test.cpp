@@ -148,6 +148,8 @@ TEST_P(RawPointer, AWrongDeviceIsAnInvalidArgumentAndFreesNothing) {
   void* p = arcpool_malloc_async(kBytes, 0, s_);
   ASSERT_NE(nullptr, p);
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_free_async(p, kBytes, 3, s_));
+  // A negative device names none (arcpool_malloc_async refuses it too), never "any device".
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_free_async(p, kBytes, -1, s_));
   EXPECT_EQ(0u, stats().deallocations);
   EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));
 }

@@ -406,7 +406,10 @@ ARCPOOL_API int arcpool_allocation_is_terminal(const arcpool_allocation_t* alloc
 
 /** Discards one claim and releases one reference; if the claim was the last, first
  * deallocates on the allocation's current stream with the default routing. What the C++
- * handles do on destruction. Never blocks. */
+ * handles do on destruction. The reference is released whatever the status (the handle must
+ * not be used after this call): NOT_OWNER or ALREADY_DEALLOCATED change nothing else, and a
+ * refused deallocation of the last claim leaves the allocation UNOWNED, freed by whoever
+ * deallocates it or at its last reference. Never blocks. */
 ARCPOOL_API arcpool_status_t
 arcpool_allocation_discard_and_release(arcpool_allocation_t* allocation);
 
@@ -508,7 +511,9 @@ ARCPOOL_API arcpool_status_t arcpool_allocation_view(arcpool_allocation_t* alloc
  * is UNOWNED), the current stream waits on every recorded use, the state becomes EXPORTED and
  * arcpool never frees the memory: the caller frees it with cudaFreeAsync on a stream ordered
  * after the current stream (host driver: free()). NOT_OWNER with other owners; UNSUPPORTED
- * for alignments above 256 (the data pointer is not the pool's pointer). Never blocks.
+ * for alignments above 256 (the data pointer is not the pool's pointer), and for memory not
+ * taken from the allocator's pool: an import (its on_free or its owner frees it), graph memory
+ * and a graph pool's block. Never blocks.
  */
 ARCPOOL_API arcpool_status_t arcpool_allocation_export(arcpool_allocation_t* allocation,
                                                        void** out_pointer);
@@ -603,7 +608,8 @@ ARCPOOL_API arcpool_status_t arcpool_default_allocator_get(int device,
  * while `device` has none (or while its creation is still in progress). For queries
  * (statistics, a trim) that must not create one, and with it a CUDA context on a device the
  * process never used. Never blocks on devices 0-63 (on others, it waits for a creation in
- * progress). Any device number is accepted: one the system does not have has none. */
+ * progress). Any device number from 0 is accepted (one the system does not have has none);
+ * INVALID_ARGUMENT for a negative one. */
 ARCPOOL_API arcpool_status_t arcpool_default_allocator_find(int device,
                                                             arcpool_allocator_t** out_allocator);
 
@@ -617,15 +623,18 @@ ARCPOOL_API void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t
 /**
  * Deallocates the allocation containing `pointer` (interior pointers resolve to their
  * allocation) in stream order on `stream`. NULL is a no-op. UNKNOWN_POINTER if no live
- * by-pointer allocation of `device`'s default allocator contains it: a double free is detected
- * only while the address has not been handed out again. `size` is informational. Never
- * blocks.
+ * by-pointer allocation contains it (by-pointer allocations of every allocator are found: of
+ * arcpool_malloc_async, arcpool_allocator_malloc_async and arcpool_ambient_malloc): a double
+ * free is detected only while the address has not been handed out again. INVALID_ARGUMENT,
+ * with nothing freed, for a negative `device` or an allocation of another device. `size` is
+ * informational. Never blocks.
  */
 ARCPOOL_API arcpool_status_t arcpool_free_async(void* pointer, size_t size, int device,
                                                 arcpool_stream_t stream);
 
-/** arcpool_record_use for the by-pointer allocation containing `pointer`, searched in every
- * device's default allocator. UNKNOWN_POINTER if none contains it. Never blocks. */
+/** arcpool_record_use for the by-pointer allocation containing `pointer`, of any allocator
+ * and device (as arcpool_free_async finds it). UNKNOWN_POINTER if none contains it. Never
+ * blocks. */
 ARCPOOL_API arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream);
 
 /** arcpool_record_stream with `flags` (arcpool_record_use_flags_t). PyTorch's record_stream

@@ -365,8 +365,15 @@ arcpool_status_t arcpool_allocation_view(arcpool_allocation_t* allocation, size_
                   "view [%zu, %zu + %zu) is out of bounds of a %zu-byte range of %s", offset,
                   offset, size, allocation->size, a.describe().c_str());
     }
+    // The reference after the handle, so that a handle the host has no memory for takes none.
+    auto* view =
+        new (std::nothrow) arcpool_allocation(&a, allocation->offset + offset, size, /*view=*/true);
+    if (view == nullptr) {
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a view of %s",
+                  a.describe().c_str());
+    }
     a.retain();
-    *out_view = new arcpool_allocation(&a, allocation->offset + offset, size, /*view=*/true);
+    *out_view = view;
     return ARCPOOL_STATUS_SUCCESS;
   });
 }
@@ -470,6 +477,12 @@ void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
 
 arcpool_status_t arcpool_free_async(void* pointer, size_t, int device, arcpool_stream_t stream) {
   if (pointer == nullptr) return ARCPOOL_STATUS_SUCCESS;
+  // A negative device is free_by_pointer's "any device" (arcpool_allocator_free_async's): a
+  // caller's is refused, as arcpool_malloc_async refuses it, with nothing freed.
+  if (device < 0) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "free of %p on device %d: no such device", pointer,
+                device);
+  }
   return traced(nvtx::op::deallocate, 0, stream, free_by_pointer, pointer, stream, device);
 }
 

@@ -101,6 +101,12 @@ class allocator {
   /// `flags`: arcpool_record_use_flags_t.
   arcpool_status_t record_use(allocation& a, stream_handle s, uint32_t flags);
   arcpool_status_t export_memory(allocation& a, void** out);
+  /// SUCCESS if operations may name stream `s` (its device, its context: what every
+  /// operation's stream lookup checks); that lookup's refusal otherwise. Changes nothing.
+  arcpool_status_t check_stream(stream_handle s) {
+    stream_ref ignored;
+    return resolve_stream(s, &ignored);
+  }
   /// Records `e` after the work queued so far on every stream `a` may be used on, for `what` (an
   /// IPC send, design.md §14): on its current stream when it has no use records; else on
   /// `helper` (arcpool's own, alive, never capturing), once it waited on a fence of the current

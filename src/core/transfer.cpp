@@ -153,6 +153,19 @@ arcpool_status_t allocator::record_after_uses(allocation& a, event_handle e, str
 arcpool_status_t allocator::export_memory(allocation& a, void** out) {
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "export"));
+  // Only memory arcpool took from its pool: an import is freed by its on_free (or by its
+  // owner), graph memory by its graph, and a graph pool's block goes back to that pool.
+  constexpr uint32_t kNotPool = ARCPOOL_PLACEMENT_FLAG_EXTERNAL | ARCPOOL_PLACEMENT_FLAG_GRAPH |
+                                ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL;
+  if ((a.placement.placement_flags & kNotPool) != 0) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "export of %s: it is %s, not memory of this allocator's pool; deallocate it "
+                "instead",
+                a.describe().c_str(),
+                a.external() ? "imported memory (its on_free or its owner frees it)"
+                : a.graph()  ? "graph memory (its graph frees it)"
+                             : "a graph pool's block (it goes back to that pool)");
+  }
   if (a.placement.alignment > kPoolAlignment) {
     return fail(ARCPOOL_STATUS_UNSUPPORTED,
                 "export of %s: its alignment %zu exceeds the pool's, so its data pointer is not "
@@ -171,13 +184,11 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
   a.uses.clear();
   stats_.count(stat::exports);
   nvtx::forget_region(a.placement.data);
-  if (!a.external()) {
-    stats_.sub(stat::bytes_in_use, a.placement.size);
-    stats_.sub(stat::allocations_in_use, 1);
-    stats_.sub(stat::bytes_held, a.placement.held_bytes);
-    stream_stats_of(a.placement.origin).freed(a.placement.size);
-    history_.segment_free(a.placement.base, a.current.handle);
-  }
+  stats_.sub(stat::bytes_in_use, a.placement.size);
+  stats_.sub(stat::allocations_in_use, 1);
+  stats_.sub(stat::bytes_held, a.placement.held_bytes);
+  stream_stats_of(a.placement.origin).freed(a.placement.size);
+  history_.segment_free(a.placement.base, a.current.handle);
   *out = a.placement.base;
   return ARCPOOL_STATUS_SUCCESS;
 }

@@ -64,15 +64,17 @@ arcpool_status_t importer::create(arcpool_allocator_t* allocator, int fd, import
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t importer::refuse_capturing(arcpool_stream_t stream) {
+arcpool_status_t importer::check_stream(arcpool_stream_t stream) {
   bool capturing = false;
   ARCPOOL_RETURN_IF_ERROR(drv_.stream_is_capturing(stream, &capturing));
-  if (!capturing) return ARCPOOL_STATUS_SUCCESS;
-  return fail(ARCPOOL_STATUS_UNSUPPORTED,
-              "arcpool_ipc_receive: stream %p is capturing a CUDA graph: the wait on the "
-              "exporter's event would cross the capture's boundary; receive outside the "
-              "capture (the allocation stays queued)",
-              static_cast<void*>(stream));
+  if (capturing) {
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "arcpool_ipc_receive: stream %p is capturing a CUDA graph: the wait on the "
+                "exporter's event would cross the capture's boundary; receive outside the "
+                "capture (the allocation stays queued)",
+                static_cast<void*>(stream));
+  }
+  return from_handle(allocator_.get())->check_stream(stream);
 }
 
 arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t** out) {
@@ -82,7 +84,9 @@ arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t
   // the capture: refused, with nothing taken. Checked before waiting for an allocation, and
   // again once one is at hand, for a capture begun meanwhile. On the legacy default stream
   // while a blocking stream captures, the query itself fails (cudaErrorStreamCaptureImplicit).
-  ARCPOOL_RETURN_IF_ERROR(refuse_capturing(stream));
+  // So is a stream the import would refuse: by then the allocation would be taken, and its
+  // claim given back.
+  ARCPOOL_RETURN_IF_ERROR(check_stream(stream));
   message m;
   {
     // One reader at a time (drain only adds to pending_, and only when no reader reads); a
@@ -95,7 +99,7 @@ arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t
         pending = !pending_.empty();
       }
       if (pending) {
-        ARCPOOL_RETURN_IF_ERROR(refuse_capturing(stream));
+        ARCPOOL_RETURN_IF_ERROR(check_stream(stream));
         std::lock_guard<std::mutex> lock(mu_);
         m = pending_.front();
         pending_.pop_front();

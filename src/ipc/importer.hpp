@@ -28,8 +28,10 @@ class importer {
   void destroy() noexcept { unref(); }
 
  private:
-  /// UNSUPPORTED while `stream` captures a graph (a receive's wait would cross its boundary).
-  arcpool_status_t refuse_capturing(arcpool_stream_t stream);
+  /// What arcpool_import would refuse of `stream` (another device's, a non-primary context's:
+  /// INVALID_ARGUMENT), and UNSUPPORTED while it captures a graph (a receive's wait would cross
+  /// its boundary): checked before an allocation is taken, so that a refusal leaves it queued.
+  arcpool_status_t check_stream(arcpool_stream_t stream);
   /// What the on-free callback of one import needs.
   struct import_ctx {
     importer* owner;
