@@ -127,7 +127,11 @@ TEST_F(Capture, EndingAThreadLocalCaptureFromAnotherThreadIsRefused) {
   cudaStreamDestroy(s);
 }
 
-TEST_F(Capture, AQueryOfAnEventRecordedInACaptureIsRefused) {
+// "It is invalid to synchronize or query the execution status of a stream which is being
+// captured or a captured event" and "When an invalid operation is attempted during stream
+// capture, any associated capture graphs are invalidated" (programming guide, "Prohibited and
+// Unhandled Operations", "Invalidation").
+TEST_F(Capture, AQueryOfAnEventRecordedInACaptureIsRefusedAndInvalidatesIt) {
   cudaStream_t s = make_stream();
   cudaEvent_t e = nullptr;
   ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -138,12 +142,63 @@ TEST_F(Capture, AQueryOfAnEventRecordedInACaptureIsRefused) {
   EXPECT_NE(cudaSuccess, cudaEventQuery(e));
   cudaThreadExchangeStreamCaptureMode(&mode);
   cudaGetLastError();
+  EXPECT_EQ(cudaStreamCaptureStatusInvalidated, capture_status(s));
   cudaGraph_t graph = nullptr;
-  cudaStreamEndCapture(s, &graph);
+  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
   if (graph != nullptr) cudaGraphDestroy(graph);
   cudaGetLastError();
   cudaEventDestroy(e);
   cudaStreamDestroy(s);
+}
+
+// "When a capture graph is invalidated, further use of any streams which are being captured or
+// captured events associated with the graph is invalid and will return an error" (programming
+// guide, "Invalidation"); and "Stream capture can be used on any CUDA stream except
+// cudaStreamLegacy", which therefore cannot join a capture by waiting on its event.
+TEST_F(Capture, AWaitOnAnEventOfAnInvalidatedCaptureOrFromTheLegacyStreamFails) {
+  cudaStream_t s = make_stream(), t = make_stream();
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
+  EXPECT_NE(cudaSuccess, cudaStreamWaitEvent(cudaStreamLegacy, e, 0));
+  cudaGetLastError();
+  EXPECT_EQ(cudaErrorStreamCaptureUnsupported, cudaStreamSynchronize(s));  // invalidates
+  cudaGetLastError();
+  EXPECT_NE(cudaSuccess, cudaStreamWaitEvent(t, e, 0));
+  cudaGetLastError();
+  EXPECT_EQ(cudaStreamCaptureStatusNone, capture_status(t)) << "t joined an invalidated capture";
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(t);
+}
+
+// "It is invalid to merge two separate capture graphs by waiting on a captured event from a
+// stream which is being captured and is associated with a different capture graph" (programming
+// guide); cudaErrorStreamCaptureMerge: "The operation would have resulted in a merge of two
+// independent capture sequences" (driver_types.h).
+TEST_F(Capture, AWaitThatWouldMergeTwoCapturesFails) {
+  cudaStream_t s = make_stream(), t = make_stream();
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
+  EXPECT_EQ(cudaErrorStreamCaptureMerge, cudaStreamWaitEvent(t, e, 0));
+  cudaGetLastError();
+  for (cudaStream_t c : {s, t}) {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(c, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+  cudaGetLastError();
+  cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(t);
 }
 
 cudaMemPool_t make_pool(size_t max_size,

@@ -149,6 +149,36 @@ TEST_F(SimcudaRules, FreeingNonGraphMemoryDuringCaptureIsAViolation) {
 }
 
 // simcuda_stream_settle: the tests' settle() on simcuda (docs/simcuda.md).
+// An event recorded in a capture that has ended belongs to no later capture, whatever memory
+// the later one takes (simcuda once kept a pointer to the ended capture, which the next capture
+// could reuse: the query then refused the event as the new capture's).
+TEST_F(SimcudaRules, AnEventOfAnEndedCaptureIsNoEventOfALaterOne) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  cudaStream_t s = make_stream(), t = make_stream();
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
+  cudaGraph_t first = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &first));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  EXPECT_NE(cudaErrorCapturedEvent, cudaEventQuery(e));
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaGetLastError();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaSuccess, cudaStreamIsCapturing(t, &status));
+  EXPECT_EQ(cudaStreamCaptureStatusActive, status);
+  cudaGraph_t second = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(t, &second));
+  for (cudaGraph_t g : {first, second})
+    if (g != nullptr) cudaGraphDestroy(g);
+  cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+  cudaStreamDestroy(t);
+}
+
 TEST_F(SimcudaRules, SettleReturnsOnlyWhenTheStreamCannotProgress) {
   CONFORMANCE_SIMCUDA_ONLY();
   words w;

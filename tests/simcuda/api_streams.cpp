@@ -78,6 +78,14 @@ cudaError_t refuse_in_capture(capture_obj* c) {
   return cudaErrorStreamCaptureUnsupported;
 }
 
+/// The same rule for a query or synchronization of an event recorded in capture `c`:
+/// driver_types.h, cudaErrorCapturedEvent: "The operation is not permitted on an event which was
+/// last recorded in a capturing stream." The capture is invalidated.
+cudaError_t refuse_captured_event(capture_obj* c) {
+  c->invalidated = true;
+  return cudaErrorCapturedEvent;
+}
+
 cudaError_t stream_synchronize(cudaStream_t handle, bool ptds) {
   SIMCUDA_ENTER("cudaStreamSynchronize");
   stream_obj* s = resolve_stream(handle, ptds, "cudaStreamSynchronize");
@@ -302,7 +310,7 @@ cudaError_t event_record(cudaEvent_t ev, cudaStream_t handle, bool ptds) {
   if (capture_node(*s, "event record", &err)) {
     if (err != cudaSuccess) return ret(err);
     e->recorded = true;
-    e->captured = s->capture;
+    e->captured_in = s->capture->id;
     e->captured_tail = s->capture->tails[s];
     return cudaSuccess;
   }
@@ -315,7 +323,7 @@ cudaError_t event_record(cudaEvent_t ev, cudaStream_t handle, bool ptds) {
   if (e->shared != nullptr) ipc_event_record(*e, *o);
   const uint64_t seq = enqueue(*s, std::move(o));
   e->recorded = true;
-  e->captured = nullptr;
+  e->captured_in = 0;
   e->point = {s, seq};
   e->clock = s->clock;
   return cudaSuccess;
@@ -328,11 +336,27 @@ cudaError_t stream_wait_event(cudaStream_t handle, cudaEvent_t ev, unsigned flag
   event_obj* e = resolve_event(ev, "cudaStreamWaitEvent");
   if (e == nullptr) return ret(cudaErrorInvalidResourceHandle);
   if (e->opened) return ret(ipc_event_wait(*s, *e));
-  if (e->captured != nullptr && !e->captured->ended) {
-    capture_obj* c = e->captured;
+  if (capture_obj* c = live_capture_of(*e)) {
+    // The programming guide, "Invalidation": "When a capture graph is invalidated, further use
+    // of any streams which are being captured or captured events associated with the graph is
+    // invalid and will return an error".
+    if (c->invalidated) return ret(cudaErrorStreamCaptureInvalidated);
     if (s->capture != nullptr && s->capture != c) {
+      // "It is invalid to merge two separate capture graphs by waiting on a captured event from
+      // a stream which is being captured and is associated with a different capture graph"
+      // (programming guide); cudaErrorStreamCaptureMerge: "The operation would have resulted
+      // in a merge of two independent capture sequences". Both captures are associated.
       s->capture->invalidated = true;
-      return ret(cudaErrorStreamCaptureIsolation);
+      c->invalidated = true;
+      return ret(cudaErrorStreamCaptureMerge);
+    }
+    if (s->type == stream_obj::kind::legacy) {
+      // "Stream capture can be used on any CUDA stream except cudaStreamLegacy" (programming
+      // guide): the legacy stream cannot join a capture. cudaErrorStreamCaptureImplicit: "The
+      // operation would have resulted in a disallowed implicit dependency on a current capture
+      // sequence from cudaStreamLegacy" (unverified: the code a GPU answers).
+      c->invalidated = true;
+      return ret(cudaErrorStreamCaptureImplicit);
     }
     if (s->capture == nullptr) {  // a fork: s joins the capture
       s->capture = c;
@@ -541,9 +565,9 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
   if (e->opened) return ret(ipc_event_query(*e));
   // driver_types.h, cudaErrorCapturedEvent: "The operation is not permitted on an event which
   // was last recorded in a capturing stream."
-  if (e->captured != nullptr && !e->captured->ended) return ret(cudaErrorCapturedEvent);
+  if (capture_obj* c = live_capture_of(*e)) return ret(refuse_captured_event(c));
   check_unsafe_unverified("cudaEventQuery");
-  if (!e->recorded || e->captured != nullptr) return cudaSuccess;
+  if (!e->recorded || e->captured_in != 0) return cudaSuccess;
   // cudaEventQuery: "Queries the status of all work currently captured by event. [...] If
   // this work has not yet been completed, or if cudaEventRecord() has not been called on
   // event, then cudaErrorNotReady is returned" (unverified: whether not-ready also becomes the
@@ -562,9 +586,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     ipc_event_synchronize(lock, *e);
     return cudaSuccess;
   }
-  if (e->captured != nullptr && !e->captured->ended) return ret(cudaErrorCapturedEvent);
+  if (capture_obj* c = live_capture_of(*e)) return ret(refuse_captured_event(c));
   check_unsafe_unverified("cudaEventSynchronize");
-  if (!e->recorded || e->captured != nullptr) return cudaSuccess;
+  if (!e->recorded || e->captured_in != 0) return cudaSuccess;
   const stream_point p = e->point;
   const vclock clock = e->clock;
   host_wait(lock, p, clock);

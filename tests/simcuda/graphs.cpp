@@ -177,7 +177,7 @@ uint64_t replay_node(exec_obj& x, const graph_node& n, std::unique_ptr<op> o) {
       return seq;
     }
     case graph_node::kind::wait_external:
-      if (n.external->recorded && n.external->captured == nullptr) {
+      if (n.external->recorded && n.external->captured_in == 0) {
         o->after.push_back(n.external->point);
         lane.clock.join(n.external->clock);
       }

@@ -99,9 +99,11 @@ struct event_obj {
   uintptr_t context = 0;  ///< the context it was created in (context_id); 0: not known
   bool destroyed = false;
   bool recorded = false;
-  stream_point point;                 ///< the record's place
-  vclock clock;                       ///< what the record happens after
-  capture_obj* captured = nullptr;    ///< last recorded inside this capture
+  stream_point point;  ///< the record's place
+  vclock clock;        ///< what the record happens after
+  /// The id of the capture it was last recorded in (0: recorded outside captures). An id, not
+  /// the capture: a capture is deleted when it ends, and a later one may take its address.
+  uint64_t captured_in = 0;
   std::vector<size_t> captured_tail;  ///< the captured record's nodes (what a wait depends on)
   unsigned flags = 0;
   /// Interprocess events: the record state other processes see (ipc.cpp).
@@ -446,6 +448,8 @@ bool unsafe_prohibited();
 void invalidate_prohibiting_captures();
 /// Whether a blocking stream of `d` is capturing (the legacy stream is then unusable).
 capture_obj* blocking_capture_on(device_obj& d);
+/// The capture `e` was last recorded in while it has not ended, else null.
+capture_obj* live_capture_of(const event_obj& e);
 
 // --- memory.cpp --------------------------------------------------------------------------
 /// The allocation holding [p, p + bytes), or null. With the lock.

@@ -251,4 +251,11 @@ capture_obj* blocking_capture_on(device_obj& d) {
   return nullptr;
 }
 
+capture_obj* live_capture_of(const event_obj& e) {
+  if (e.captured_in == 0) return nullptr;
+  for (const std::unique_ptr<capture_obj>& c : rt().captures)  // only captures not yet ended
+    if (c->id == e.captured_in) return c.get();
+  return nullptr;
+}
+
 }  // namespace simcuda
