@@ -72,13 +72,19 @@ constexpr size_t kBytes = 4096;
 
 #define EXPECT_OK(call) EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, (call)) << arcpool_last_error()
 
-TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLosesNothing) {
+/// An allocator on the host driver (null, with a failure recorded, when it cannot be made).
+arcpool_allocator_t* host_allocator() {
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
   options.driver = ARCPOOL_DRIVER_HOST;
   arcpool_allocator_t* alloc = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
-      << arcpool_last_error();
+  EXPECT_OK(arcpool_allocator_create(&options, &alloc));
+  return alloc;
+}
+
+TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLosesNothing) {
+  arcpool_allocator_t* alloc = host_allocator();
+  ASSERT_NE(nullptr, alloc);
   arcpool_stream_t s = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
 
@@ -136,12 +142,8 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
 }
 
 TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_HOST;
-  arcpool_allocator_t* alloc = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
-      << arcpool_last_error();
+  arcpool_allocator_t* alloc = host_allocator();
+  ASSERT_NE(nullptr, alloc);
   arcpool_allocation_t* a = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, nullptr, 0, &a))
       << arcpool_last_error();

@@ -127,28 +127,51 @@ TEST_F(Capture, EndingAThreadLocalCaptureFromAnotherThreadIsRefused) {
   cudaStreamDestroy(s);
 }
 
+/// Two streams and an event recorded on `s` in a capture begun there (and on `t` too when
+/// `capture_t`); ends what still captures and destroys them all when it goes.
+struct captured_event {
+  cudaStream_t s = make_stream(), t = make_stream();
+  cudaEvent_t e = nullptr;
+
+  explicit captured_event(bool capture_t = false) {
+    EXPECT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    if (capture_t) {
+      EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
+    }
+    EXPECT_EQ(cudaSuccess, cudaEventRecord(e, s));
+  }
+  ~captured_event() {
+    for (cudaStream_t c : {s, t}) {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(c, &status) != cudaSuccess || status == cudaStreamCaptureStatusNone)
+        continue;
+      cudaGraph_t graph = nullptr;
+      cudaStreamEndCapture(c, &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+    }
+    cudaGetLastError();
+    cudaEventDestroy(e);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(t);
+  }
+};
+
 // "It is invalid to synchronize or query the execution status of a stream which is being
 // captured or a captured event" and "When an invalid operation is attempted during stream
 // capture, any associated capture graphs are invalidated" (programming guide, "Prohibited and
 // Unhandled Operations", "Invalidation").
 TEST_F(Capture, AQueryOfAnEventRecordedInACaptureIsRefusedAndInvalidatesIt) {
-  cudaStream_t s = make_stream();
-  cudaEvent_t e = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
+  captured_event c;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // the refusal is not the mode's
   cudaThreadExchangeStreamCaptureMode(&mode);
-  EXPECT_NE(cudaSuccess, cudaEventQuery(e));
+  EXPECT_NE(cudaSuccess, cudaEventQuery(c.e));
   cudaThreadExchangeStreamCaptureMode(&mode);
   cudaGetLastError();
-  EXPECT_EQ(cudaStreamCaptureStatusInvalidated, capture_status(s));
+  EXPECT_EQ(cudaStreamCaptureStatusInvalidated, capture_status(c.s));
   cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  cudaGetLastError();
-  cudaEventDestroy(e);
-  cudaStreamDestroy(s);
+  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(c.s, &graph));
+  EXPECT_EQ(nullptr, graph);
 }
 
 // "When a capture graph is invalidated, further use of any streams which are being captured or
@@ -156,25 +179,14 @@ TEST_F(Capture, AQueryOfAnEventRecordedInACaptureIsRefusedAndInvalidatesIt) {
 // guide, "Invalidation"); and "Stream capture can be used on any CUDA stream except
 // cudaStreamLegacy", which therefore cannot join a capture by waiting on its event.
 TEST_F(Capture, AWaitOnAnEventOfAnInvalidatedCaptureOrFromTheLegacyStreamFails) {
-  cudaStream_t s = make_stream(), t = make_stream();
-  cudaEvent_t e = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
-  EXPECT_NE(cudaSuccess, cudaStreamWaitEvent(cudaStreamLegacy, e, 0));
+  captured_event c;
+  EXPECT_NE(cudaSuccess, cudaStreamWaitEvent(cudaStreamLegacy, c.e, 0));
   cudaGetLastError();
-  EXPECT_EQ(cudaErrorStreamCaptureUnsupported, cudaStreamSynchronize(s));  // invalidates
+  EXPECT_EQ(cudaErrorStreamCaptureUnsupported, cudaStreamSynchronize(c.s));  // invalidates
   cudaGetLastError();
-  EXPECT_NE(cudaSuccess, cudaStreamWaitEvent(t, e, 0));
+  EXPECT_NE(cudaSuccess, cudaStreamWaitEvent(c.t, c.e, 0));
   cudaGetLastError();
-  EXPECT_EQ(cudaStreamCaptureStatusNone, capture_status(t)) << "t joined an invalidated capture";
-  cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  cudaGetLastError();
-  cudaEventDestroy(e);
-  cudaStreamDestroy(s);
-  cudaStreamDestroy(t);
+  EXPECT_EQ(cudaStreamCaptureStatusNone, capture_status(c.t)) << "t joined an invalidated capture";
 }
 
 // "It is invalid to merge two separate capture graphs by waiting on a captured event from a
@@ -182,23 +194,9 @@ TEST_F(Capture, AWaitOnAnEventOfAnInvalidatedCaptureOrFromTheLegacyStreamFails) 
 // guide); cudaErrorStreamCaptureMerge: "The operation would have resulted in a merge of two
 // independent capture sequences" (driver_types.h).
 TEST_F(Capture, AWaitThatWouldMergeTwoCapturesFails) {
-  cudaStream_t s = make_stream(), t = make_stream();
-  cudaEvent_t e = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(t, cudaStreamCaptureModeThreadLocal));
-  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, s));
-  EXPECT_EQ(cudaErrorStreamCaptureMerge, cudaStreamWaitEvent(t, e, 0));
+  captured_event c(/*capture_t=*/true);
+  EXPECT_EQ(cudaErrorStreamCaptureMerge, cudaStreamWaitEvent(c.t, c.e, 0));
   cudaGetLastError();
-  for (cudaStream_t c : {s, t}) {
-    cudaGraph_t graph = nullptr;
-    cudaStreamEndCapture(c, &graph);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-  }
-  cudaGetLastError();
-  cudaEventDestroy(e);
-  cudaStreamDestroy(s);
-  cudaStreamDestroy(t);
 }
 
 cudaMemPool_t make_pool(size_t max_size,
