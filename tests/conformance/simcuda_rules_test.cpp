@@ -3,6 +3,7 @@
 // (they skip on a real runtime), except the host fault, which a GPU shows too.
 #include <csignal>
 #include <cstring>
+#include <string>
 
 #include "conformance.hpp"
 
@@ -177,6 +178,31 @@ TEST_F(SimcudaRules, AnEventOfAnEndedCaptureIsNoEventOfALaterOne) {
   cudaEventDestroy(e);
   cudaStreamDestroy(s);
   cudaStreamDestroy(t);
+}
+
+// cudaIpcOpenEventHandle: "Performing operations on the imported event after the exported
+// event has been freed with cudaEventDestroy will result in undefined behavior". simcuda names
+// it, and a handle of a destroyed event never opens a later event (here, in one process, the
+// later event takes the destroyed one's file descriptor number).
+TEST_F(SimcudaRules, AnInterprocessEventUsedAfterItsCreatorDestroyedItIsAViolation) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  constexpr unsigned kFlags = cudaEventInterprocess | cudaEventDisableTiming;
+  cudaEvent_t e = nullptr, opened = nullptr, later = nullptr, again = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, kFlags));
+  cudaIpcEventHandle_t handle;
+  ASSERT_EQ(cudaSuccess, cudaIpcGetEventHandle(&handle, e));
+  ASSERT_EQ(cudaSuccess, cudaIpcOpenEventHandle(&opened, handle));
+  ASSERT_EQ(cudaSuccess, cudaEventDestroy(e));
+  cudaEventQuery(opened);
+  std::string v = take_simcuda_violations();
+  EXPECT_NE(std::string::npos, v.find("cudaEventQuery: an interprocess event opened from process"))
+      << v;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&later, kFlags));
+  EXPECT_EQ(cudaErrorInvalidValue, cudaIpcOpenEventHandle(&again, handle));
+  cudaGetLastError();
+  take_simcuda_violations();  // one when `later` took the number, as it does on Linux
+  cudaEventDestroy(opened);
+  cudaEventDestroy(later);
 }
 
 TEST_F(SimcudaRules, SettleReturnsOnlyWhenTheStreamCannotProgress) {

@@ -545,6 +545,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev) {
   // associated with event will be released automatically once the device has completed
   // event." Waits already enqueued hold the record's place, not the event.
   e->destroyed = true;
+  if (e->shared != nullptr) ipc_event_destroyed(*e);
   if (e->shared_fd >= 0) close(e->shared_fd);  // other processes can no longer open it
   e->shared_fd = -1;
   return cudaSuccess;

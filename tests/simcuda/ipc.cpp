@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -50,7 +51,9 @@ struct ipc_table {
 /// What other processes see of an interprocess event.
 struct ipc_event_shared {
   uint64_t magic;
+  uint64_t serial;                  ///< random: tells this event from a later one at its path
   int32_t creator;                  ///< the process that created the event
+  std::atomic<uint32_t> destroyed;  ///< the creator destroyed it (cudaEventDestroy)
   std::atomic<uint64_t> recorded;   ///< records so far
   std::atomic<uint64_t> completed;  ///< the highest record whose work completed
 };
@@ -74,6 +77,7 @@ struct event_data {
   uint64_t magic;
   int32_t pid;
   int32_t fd;
+  uint64_t serial;  ///< the event's (ipc_event_shared::serial)
 };
 static_assert(sizeof(event_data) <= sizeof(cudaIpcEventHandle_t), "fits the event handle");
 
@@ -186,6 +190,8 @@ cudaError_t ipc_event_init(event_obj& e) {
       map(e.shared_fd, sizeof(ipc_event_shared), 0, PROT_READ | PROT_WRITE));
   if (e.shared == nullptr) return cudaErrorMemoryAllocation;
   e.shared->magic = kEventMagic;
+  static std::atomic<uint64_t> count{0};
+  e.shared->serial = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ ++count;
   e.shared->creator = getpid();
   return cudaSuccess;
 }
@@ -225,7 +231,28 @@ void wait_for_record(const ipc_event_shared& shared, uint64_t record) {
 
 }  // namespace
 
+namespace {
+
+/// cudaIpcOpenEventHandle: "Performing operations on the imported event after the exported
+/// event has been freed with cudaEventDestroy will result in undefined behavior": a violation
+/// (`call` is the operation).
+void check_exported_event_alive(const event_obj& e, const char* call) {
+  if (e.shared->destroyed.load() != 0) {
+    violation(
+        format("%s: an interprocess event opened from process %d, which destroyed it: "
+               "undefined behavior (cudaIpcOpenEventHandle)",
+               call, e.shared->creator));
+  }
+}
+
+}  // namespace
+
+void ipc_event_destroyed(event_obj& e) {
+  if (!e.opened) e.shared->destroyed.store(1);
+}
+
 cudaError_t ipc_event_wait(stream_obj& s, event_obj& e) {
+  check_exported_event_alive(e, "cudaStreamWaitEvent");
   // cudaStreamWaitEvent takes the event's most recent record as of the call; across processes
   // simcuda orders by the record count, not by vector clocks (the race checker stops at the
   // process boundary).
@@ -243,11 +270,13 @@ cudaError_t ipc_event_wait(stream_obj& s, event_obj& e) {
 }
 
 cudaError_t ipc_event_query(const event_obj& e) {
+  check_exported_event_alive(e, "cudaEventQuery");
   return ipc_record_done(*e.shared, e.shared->recorded.load(), true) ? cudaSuccess
                                                                      : cudaErrorNotReady;
 }
 
 void ipc_event_synchronize(std::unique_lock<std::mutex>& lock, const event_obj& e) {
+  check_exported_event_alive(e, "cudaEventSynchronize");
   ipc_event_shared* shared = e.shared;
   const uint64_t record = shared->recorded.load();
   lock.unlock();
@@ -430,7 +459,7 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle, cudaEvent_t ev) 
   // "This event must have been created with the cudaEventInterprocess and
   // cudaEventDisableTiming flags set."
   if (e->shared == nullptr || e->opened) return ret(cudaErrorInvalidResourceHandle);
-  event_data out{kEventMagic, getpid(), e->shared_fd};
+  event_data out{kEventMagic, getpid(), e->shared_fd, e->shared->serial};
   std::memset(handle, 0, sizeof *handle);
   std::memcpy(handle, &out, sizeof out);
   return cudaSuccess;
@@ -449,6 +478,15 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* out, cudaIpcEventHandle_t handle
       static_cast<ipc_event_shared*>(map(fd, sizeof(ipc_event_shared), 0, PROT_READ | PROT_WRITE));
   close(fd);
   if (shared == nullptr || shared->magic != kEventMagic) return ret(cudaErrorInvalidValue);
+  if (shared->serial != in.serial || shared->destroyed.load() != 0) {
+    // The handle's event was destroyed, and its file descriptor number may name another event
+    // now: undefined behavior (cudaIpcOpenEventHandle, above).
+    violation(
+        format("cudaIpcOpenEventHandle: the handle's event (process %d) was destroyed: "
+               "undefined behavior",
+               in.pid));
+    return ret(cudaErrorInvalidValue);
+  }
   context_device();
   // "This function returns a cudaEvent_t that behaves like a locally created event with the
   // cudaEventDisableTiming flag specified."

@@ -492,6 +492,8 @@ void release_import(const pool_obj& pool, uintptr_t base);
 /// Interprocess events (with the lock): creation, a record's op, and an opened event's wait,
 /// query and synchronization.
 cudaError_t ipc_event_init(event_obj& e);
+/// cudaEventDestroy of an interprocess event: other processes' opened copies see it destroyed.
+void ipc_event_destroyed(event_obj& e);
 void ipc_event_record(event_obj& e, op& o);
 cudaError_t ipc_event_wait(stream_obj& s, event_obj& e);
 cudaError_t ipc_event_query(const event_obj& e);
