@@ -6,12 +6,11 @@
 // - A view whose handle cannot be made: it takes no reference.
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
-// growth uses in arcpool, and the scalar operator new, so that a test can make exactly one such
-// allocation fail.
+// growth uses in arcpool, and the nothrow scalar operator new, so that a test can make exactly one
+// such allocation fail.
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <new>
 #include <string>
 #include <vector>
@@ -47,24 +46,16 @@ void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
   }
 }
 
-/// Fails while the test asks for it; otherwise malloc, as the default (so that every delete,
-/// which frees, matches). The default nothrow new calls it and returns null when it throws.
-void* operator new(std::size_t bytes) {
-  if (!g_scalar_news.take()) {
-    if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+/// Fails while the test asks for it; otherwise the default nothrow new (so that delete
+/// matches, also under AddressSanitizer).
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  if (g_scalar_news.take()) return nullptr;
+  try {
+    return ::operator new(bytes);
+  } catch (...) {
+    return nullptr;
   }
-  throw std::bad_alloc();
 }
-// GCC takes any operator new's memory for new's, not malloc's: here it is malloc's.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-#pragma GCC diagnostic pop
 
 namespace {
 

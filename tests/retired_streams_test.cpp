@@ -9,6 +9,9 @@
 // checked by the stream they were enqueued on, and a call on a destroyed stream fails.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -288,6 +291,70 @@ TEST_P(RetiredStreams, AStreamDestroyedByTheApplicationAfterItsUnregistrationIsN
 }
 
 ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(RetiredStreams);
+/// A before-free hook that holds the freeing thread, once every check and wait of its free is
+/// done and before the free is enqueued, until the test lets it go.
+struct held_free {
+  std::atomic<bool> reached{false};
+  std::atomic<bool> go{true};
+  static void hook(void*, size_t, arcpool_stream_t, void* self) {
+    auto* h = static_cast<held_free*>(self);
+    if (h->go.load()) return;
+    h->reached = true;
+    while (!h->go.load())
+      std::this_thread::yield();
+  }
+};
+
+/// Frees on a current stream the caller did not name, while another thread destroys it.
+class RetiringWhileFreeing : public RetiredStreams {
+ protected:
+  void customize(arcpool_allocator_options_t& options) override {
+    options.before_free = &held_free::hook;
+    options.before_free_user_data = &held_;
+  }
+  /// Frees `a` with `drop` on another thread, held just before its free is enqueued on `a`'s
+  /// current stream `s`, destroys `s` meanwhile on a third, then lets the free go: the destroy
+  /// must wait for it (design.md §6), and both succeed.
+  template <class Drop>
+  void free_while_destroying(arcpool_allocation_t* a, arcpool_stream_t s, Drop drop) {
+    held_.go = false;
+    held_.reached = false;
+    arcpool_status_t freed = ARCPOOL_STATUS_SUCCESS, destroyed = ARCPOOL_STATUS_SUCCESS;
+    std::string why;
+    std::thread freeing([&] {
+      freed = drop(a);
+      why = arcpool_last_error();
+    });
+    while (!held_.reached.load())
+      std::this_thread::yield();
+    std::thread destroying([&] { destroyed = arcpool_stream_destroy(alloc_, s); });
+    // A destroy that does not wait for the free is done by now.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    held_.go = true;
+    freeing.join();
+    destroying.join();
+    EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, freed) << why;
+    EXPECT_OK(destroyed);
+    finish_reclaims();
+    EXPECT_EQ(0u, stats().reclaim_failures);
+    EXPECT_EQ(0u, stats().bytes_in_use_current);
+  }
+  held_free held_;
+};
+
+TEST_P(RetiringWhileFreeing, ADroppedLastClaimsFreeHoldsOffTheDestroyOfItsCurrentStream) {
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc_, &s));
+  free_while_destroying(allocate(kBytes, s), s, &arcpool_allocation_discard_and_release);
+}
+
+TEST_P(RetiringWhileFreeing, ALeakedOwnersImplicitFreeHoldsOffTheDestroyOfItsCurrentStream) {
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc_, &s));
+  free_while_destroying(allocate(kBytes, s), s, &arcpool_allocation_release);
+}
+
+ARCPOOL_INSTANTIATE_FOR_DRIVERS(RetiringWhileFreeing);
 
 }  // namespace
 }  // namespace arcpool::test

@@ -329,6 +329,12 @@ class allocator {
   /// `lock` and may be released before the reclaimer is fed.
   arcpool_status_t finish_deallocation(allocation& a, const stream_ref& caller, uint32_t flags,
                                        bool implicit, std::unique_lock<spinlock>& lock);
+  /// finish_deallocation with the default routing on `a`'s current stream, which the caller
+  /// did not name (a dropped last claim, an implicit free): a created or registered one is kept
+  /// alive through it, so that a concurrent destroy or unregister waits (design.md §6); one
+  /// retired first is fenced by its final fence.
+  arcpool_status_t finish_on_current(allocation& a, bool implicit,
+                                     std::unique_lock<spinlock>& lock);
   /// Makes `target` wait on `fences`, commits the deallocation (a failure so far changes
   /// nothing), clears the use records and frees on `target` (into `target_cache` when it keeps
   /// the block); counts the free, and `route_counter` once it succeeded.

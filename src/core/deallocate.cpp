@@ -398,8 +398,18 @@ arcpool_status_t allocator::deallocate_general(allocation& a, stream_handle s, u
 arcpool_status_t allocator::deallocate_on_current(allocation& a) {
   std::unique_lock<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.can_deallocate(false), "deallocate"));
+  return finish_on_current(a, /*implicit=*/false, lock);
+}
+
+arcpool_status_t allocator::finish_on_current(allocation& a, bool implicit,
+                                              std::unique_lock<spinlock>& lock) {
   const stream_ref caller = a.current;
-  return finish_deallocation(a, caller, 0, /*implicit=*/false, lock);
+  if (caller.entry != nullptr) {
+    const std::optional<arcpool_status_t> finished = caller.entry->with_alive(
+        [&](stream_handle) { return finish_deallocation(a, caller, 0, implicit, lock); });
+    if (finished) return *finished;
+  }
+  return finish_deallocation(a, caller, 0, implicit, lock);  // retired: its final fence
 }
 
 void allocator::free_at_last_reference(allocation* a) noexcept {
@@ -410,8 +420,7 @@ void allocator::free_at_last_reference(allocation* a) noexcept {
     if (leaked) {
       // A leaked owner: free stream-ordered on the current stream (alive by contract, or
       // retired, in which case its final fence goes to the reclaimer).
-      const stream_ref caller = a->current;
-      if (finish_deallocation(*a, caller, 0, /*implicit=*/true, lock) != ARCPOOL_STATUS_SUCCESS) {
+      if (finish_on_current(*a, /*implicit=*/true, lock) != ARCPOOL_STATUS_SUCCESS) {
         stats_.count(stat::reclaim_failures);  // e.g. capturing, or a sticky CUDA error
       }
       if (!lock.owns_lock()) lock.lock();

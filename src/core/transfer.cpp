@@ -178,8 +178,16 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
     ARCPOOL_RETURN_IF_ERROR(check_not_capturing(a.current, "export"));
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, a.current.id, &fences));
   }
-  // The waits first: if one fails nothing has changed.
-  ARCPOOL_RETURN_IF_ERROR(wait_all(a.current.handle, fences));
+  // The waits first: if one fails nothing has changed. The current stream, which the caller
+  // did not name, stays alive for them when arcpool knows it (a destroy waits, design.md §6).
+  if (a.current.entry != nullptr) {
+    const std::optional<arcpool_status_t> waited =
+        a.current.entry->with_alive([&](stream_handle h) { return wait_all(h, fences); });
+    if (!waited) return check_current_fenceable(a, "export");  // retired meanwhile
+    ARCPOOL_RETURN_IF_ERROR(*waited);
+  } else {
+    ARCPOOL_RETURN_IF_ERROR(wait_all(a.current.handle, fences));
+  }
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.accept_export(), "export"));
   a.uses.clear();
   stats_.count(stat::exports);
