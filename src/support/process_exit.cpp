@@ -24,13 +24,20 @@ listener_table& listeners() {
 
 void on_exit() {
   g_exiting.store(true);
-  std::map<int, std::function<void()>> to_run;
-  {
-    std::lock_guard<std::mutex> lock(listeners().mutex);
-    to_run.swap(listeners().listeners);
-  }
-  for (auto& [token, listener] : to_run)
+  // One listener at a time, each taken out of the table only when its turn comes: a listener
+  // may remove a later one (its allocator's worker, joined, ran a callback that deleted another
+  // allocator), which then must not run on its deleted owner.
+  for (;;) {
+    std::function<void()> listener;
+    {
+      std::lock_guard<std::mutex> lock(listeners().mutex);
+      auto& table = listeners().listeners;
+      if (table.empty()) return;
+      listener = std::move(table.begin()->second);
+      table.erase(table.begin());
+    }
     listener();
+  }
 }
 
 }  // namespace

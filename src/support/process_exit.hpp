@@ -17,11 +17,11 @@ void mark_process_exiting() noexcept;
 /// order, so ours then runs before the runtime's own teardown.
 void arm_exit_hook() noexcept;
 
-/// A callback run by the exit hook (reclaim workers stop there). Returns a token for
-/// remove_exit_listener.
+/// A callback run by the exit hook (reclaim workers stop there), in the order they were added,
+/// each after the previous returned. Returns a token for remove_exit_listener.
 int add_exit_listener(std::function<void()> listener);
 
-/// Removes a listener; it will not run.
+/// Removes a listener; it will not run (also when removed by an earlier listener at exit).
 void remove_exit_listener(int token) noexcept;
 
 }  // namespace arcpool::detail
