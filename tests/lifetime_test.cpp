@@ -328,6 +328,52 @@ TEST_P(Lifetime, AWorkerBeingJoinedByOneThreadIsWaitedForByAnotherThatStopsIt) {
          "the last handle there would delete the allocator on its own worker";
 }
 
+/// A posted task that waits, once running, until the test lets it go on.
+struct held_task : detail::posted_task {
+  held_task() { run = &hold; }
+  std::promise<void> started;
+  std::promise<void> go_on;
+  std::shared_future<void> go_on_future = go_on.get_future().share();
+  std::atomic<bool> finished{false};
+
+  static void hold(detail::posted_task* t) noexcept {
+    auto* task = static_cast<held_task*>(t);
+    task->started.set_value();
+    task->go_on_future.wait();
+    task->finished = true;
+  }
+};
+
+// A graph's user object hands its deferred free to the reclaim worker as a posted task, which
+// enqueues the free when it runs. While it runs, the free is in neither the inbox nor the queue:
+// counted by neither, a caller waiting for pending() to reach 0 stopped before the free (CI's
+// simcuda run, GraphCapture.AUserObjectsDestructorNeverWaitsForTheReclaimWorker).
+TEST_P(Lifetime, APostedTaskIsPendingUntilItHasRun) {
+  auto* task = new held_task;
+  std::future<void> started = task->started.get_future();
+  core().await_posted_task();
+  core().post_task(task);
+  EXPECT_EQ(1u, core().reclaim_pending()) << "posted, not yet run";
+  std::thread poller([&] { core().reclaim_poll_once(); });  // where no worker runs it first
+  const bool ran = started.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(ran) << "no thread ran the posted task";
+  if (ran) {
+    EXPECT_EQ(1u, core().reclaim_pending()) << "running, not yet run to its end";
+  }
+  task->go_on.set_value();
+  poller.join();
+  if (!ran) return;  // the task stays in the inbox: leaked, not freed under the reclaimer
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!task->finished.load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+  ASSERT_TRUE(task->finished.load());
+  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (core().reclaim_pending() != 0 && std::chrono::steady_clock::now() < settled)
+    std::this_thread::yield();
+  EXPECT_EQ(0u, core().reclaim_pending());
+  delete task;
+}
+
 TEST_P(Lifetime, AnIndeterminateImportReportsAfterTheLastReference) {
   on_free_log log;
   arcpool_allocation_t* a = nullptr;

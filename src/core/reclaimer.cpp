@@ -79,6 +79,7 @@ void reclaimer::expect_post() {
 }
 
 void reclaimer::post(posted_task* task) noexcept {
+  unfinished_posts_.fetch_add(1, std::memory_order_relaxed);
   posted_task* head = posted_.load(std::memory_order_relaxed);
   do {
     task->next = head;
@@ -102,6 +103,7 @@ bool reclaimer::run_posted() {
   while (oldest_first != nullptr) {
     posted_task* next = oldest_first->next;
     oldest_first->run(oldest_first);  // may free the task, and enqueue
+    unfinished_posts_.fetch_sub(1, std::memory_order_release);
     oldest_first = next;
   }
   return true;
@@ -109,7 +111,7 @@ bool reclaimer::run_posted() {
 
 size_t reclaimer::pending() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return items_.size() + completing_;
+  return items_.size() + completing_ + unfinished_posts_.load(std::memory_order_acquire);
 }
 
 void reclaimer::start_locked() {

@@ -92,7 +92,8 @@ class reclaimer {
     return worker_id_ == std::this_thread::get_id();
   }
 
-  /// Items queued and not yet completed.
+  /// Items queued and not yet completed, and posted tasks not yet run to their end (a task may
+  /// enqueue an item: it is never between the inbox and the queue unseen).
   size_t pending() const;
 
   /// The reclaimer's own non-blocking stream, created on first use; never captured.
@@ -155,6 +156,8 @@ class reclaimer {
   /// kPostRecheck: a post notifies without the lock, so its notification can come between the
   /// worker's look and its wait.
   std::atomic<int64_t> expected_posts_{0};
+  /// Posts made and not yet run to their end, counted by pending().
+  std::atomic<size_t> unfinished_posts_{0};
   static constexpr std::chrono::milliseconds kPostRecheck{50};
 };
 
