@@ -221,7 +221,13 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
       if (id == s.id) return ARCPOOL_STATUS_SUCCESS;
     seen.push_back(s.id);
     if (!s.reachable()) {
-      if (a.current_fence && s.id == a.current.id) item.fences.push_back(a.current_fence);
+      // Another thread's per-thread default stream: the fence taken when arcpool last saw it
+      // (a use record's, or the current stream's), as outside capture (collect_fences_of_uses).
+      if (recorded != nullptr) {
+        item.fences.push_back(*recorded);
+      } else if (a.current_fence && s.id == a.current.id) {
+        item.fences.push_back(a.current_fence);
+      }
       return ARCPOOL_STATUS_SUCCESS;
     }
     if (s.retired()) {

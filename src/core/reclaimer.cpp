@@ -33,7 +33,7 @@ reclaimer::~reclaimer() {
 }
 
 void reclaimer::stop_worker(bool drain_first) {
-  if (drain_first) drain();
+  if (drain_first) drain(/*final=*/true);
   std::thread worker;
   int listener = -1;
   {
@@ -295,7 +295,7 @@ void reclaimer::run() {
   }
 }
 
-arcpool_status_t reclaimer::drain() {
+arcpool_status_t reclaimer::drain(bool final) {
   run_posted();
   std::vector<reclaim_item> items;
   {
@@ -310,10 +310,16 @@ arcpool_status_t reclaimer::drain() {
   const bool was_completing = std::exchange(t_completing, true);
   arcpool_status_t first_error = ARCPOOL_STATUS_SUCCESS;
   bool freed = false;
+  std::vector<reclaim_item> later;
   for (auto& item : items) {
     bool failed = false;
-    // A stream still capturing cannot be waited for: the memory is given up (counted).
-    if (!take_late_fences(item, &failed)) failed = true;
+    if (!take_late_fences(item, &failed)) {
+      if (!final) {  // a later pass fences the stream once its capture ended
+        later.push_back(std::move(item));
+        continue;
+      }
+      failed = true;  // the streams go: the memory is given up (counted)
+    }
     for (auto& f : item.fences) {
       if (driver_.event_synchronize(f->event()) != ARCPOOL_STATUS_SUCCESS) failed = true;
     }
@@ -332,6 +338,9 @@ arcpool_status_t reclaimer::drain() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     completing_ -= items.size();
+    for (auto& item : later)
+      items_.push_back(std::move(item));
+    if (!later.empty()) work_cv_.notify_one();
     idle_cv_.notify_all();
   }
   return first_error;

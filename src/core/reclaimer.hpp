@@ -77,8 +77,10 @@ class reclaimer {
 
   /// Completes every pending item now: blocks on its fences, frees on the reclaim stream and
   /// synchronizes that stream, so the memory is reusable when it returns. For out-of-memory
-  /// retries, trim and teardown.
-  arcpool_status_t drain();
+  /// retries, trim and teardown. An item that waits for a stream capturing again (a free
+  /// deferred to a graph's end) cannot be fenced now: it stays queued, unless `final` (teardown,
+  /// when the streams go), which gives its memory up and counts a reclaim failure.
+  arcpool_status_t drain(bool final = false);
 
   /// Runs one polling pass on the calling thread, as the worker does: completes every item
   /// whose fences all completed. Returns how many it completed. Tests use it to prove that
@@ -90,6 +92,14 @@ class reclaimer {
   bool on_worker_thread() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return worker_id_ == std::this_thread::get_id();
+  }
+
+  /// True while a user object armed with a posted task (expect_post) has not posted it, or a
+  /// posted task has not run to its end: tests wait for destructors run on CUDA's own thread.
+  bool posts_outstanding() const noexcept {
+    // The count of announced posts first: post() counts the task unfinished before it drops it.
+    return expected_posts_.load(std::memory_order_acquire) > 0 ||
+           unfinished_posts_.load(std::memory_order_acquire) > 0;
   }
 
   /// Items queued and not yet completed, and posted tasks not yet run to their end (a task may
