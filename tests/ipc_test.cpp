@@ -921,8 +921,10 @@ TEST(IpcChild, DISABLED_ImporterReceivesAllThenReleases) {
   std::fprintf(stderr, "release events made for %d releases: %llu\n", kManyImports,
                static_cast<unsigned long long>(events));
   if (on_simcuda()) {
-    // Releases reuse the events the exporter acknowledged: only those in flight are new.
-    EXPECT_LT(events, uint64_t{kManyImports} / 2);
+    // Releases reuse the events the exporter acknowledged: only those in flight are new (280 of
+    // 1,500 on an idle machine). How many are in flight depends on how the two processes are
+    // scheduled, so the bound proves reuse only: without it every release makes an event.
+    EXPECT_LT(events, uint64_t{kManyImports} * 9 / 10);
   }
   report('f');
   wait_for_parent();

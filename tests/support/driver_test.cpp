@@ -211,7 +211,8 @@ void DriverTest::expect_filled(const void* p, size_t bytes, int value) {
 }
 
 void DriverTest::finish_reclaims() {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // Generous: thousands of deferred frees under TSan on a loaded 2-core machine take seconds.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (core().reclaim_pending() > 0) {
     if (deterministic()) detail::deterministic::run(core().drv());
     if (core().reclaim_poll_once() == 0) std::this_thread::yield();

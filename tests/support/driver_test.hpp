@@ -141,7 +141,7 @@ class DriverTest : public ::testing::TestWithParam<driver_param> {
   void expect_filled(const void* p, size_t bytes, int value);
 
   /// Completes every deferred free whose fences completed, on this thread, until none is
-  /// pending (fails after 10 s), then synchronizes the fixture's streams so the frees ran.
+  /// pending (fails after 60 s), then synchronizes the fixture's streams so the frees ran.
   /// Call after the streams holding the fences were synchronized.
   void finish_reclaims();
 
