@@ -689,6 +689,48 @@ TEST_P(GraphPools, ABlockTheGraphKeepsGoesBackToThePoolWhenItsOwnerDeallocatesIt
   EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
 }
 
+// A block freed outside every capture comes back to its pool with fences of its streams' work.
+// A capture bound to the pool is lent it only once that work completed: a launch of the graph
+// is ordered after none of it. It was lent at once, and the graph could write it under a kernel.
+TEST_P(GraphPools, ABlockFreedOutsideCaptureIsLentToACaptureOnlyOnceItsWorkCompleted) {
+  arcpool_stream_t s = make_stream(), user = make_stream(), t = make_stream();
+  begin(s);
+  bind(s);
+  arcpool_allocation_t* out = allocate(kBytes, s);  // the graph's output, kept after capture
+  void* const kept = data(out);
+  cudaGraph_t first = end(s);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  gate& held = block(user);  // outside every capture, a held stream still uses the block
+  ASSERT_OK(arcpool_record_use(out, user));
+  fill_async(user, kept, kBytes, 3);
+  ASSERT_OK(arcpool_deallocate_async(out, s, 0));
+  arcpool_allocation_release(out);
+  begin(t);
+  bind(t);
+  arcpool_allocation_t* b = allocate(kBytes, t);
+  EXPECT_NE(kept, data(b)) << "lent to a capture while a stream outside it still used it";
+  ASSERT_OK(arcpool_deallocate_async(b, t, 0));
+  arcpool_allocation_release(b);
+  cudaGraph_t second = end(t);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, t));
+  held.open();
+  sync(user);
+  begin(t);  // the work completed: the block is lent again
+  bind(t);
+  arcpool_allocation_t* c = allocate(kBytes, t);
+  EXPECT_EQ(kept, data(c));
+  ASSERT_OK(arcpool_deallocate_async(c, t, 0));
+  arcpool_allocation_release(c);
+  cudaGraph_t third = end(t);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, t));
+  for (cudaGraph_t g : {first, second, third})
+    EXPECT_EQ(cudaSuccess, cudaGraphDestroy(g));
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  EXPECT_TRUE(pools_released());
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
 TEST_P(GraphPools, BeginNeedsACapturingStreamAndEndABegin) {
   arcpool_stream_t s = make_stream();
   ASSERT_OK(arcpool_graph_pool_create(alloc_, &pool_));

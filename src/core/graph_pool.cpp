@@ -38,7 +38,8 @@ arcpool_status_t graph_pool::take(size_t bytes, uint64_t capture, uint64_t strea
           b.where.capture == 0 || (b.where.capture == capture && b.where.stream == stream);
       // At most twice the request, so that a small allocation does not pin a large block.
       if (!allowed || b.bytes < bytes || b.bytes / 2 > bytes) continue;
-      if (best == free_.size() || b.bytes < free_[best].bytes) best = i;
+      if (best != free_.size() && b.bytes >= free_[best].bytes) continue;
+      if (work_done(free_[i])) best = i;
     }
     if (best != free_.size()) {
       *base = free_[best].base;
@@ -65,6 +66,18 @@ arcpool_status_t graph_pool::take(size_t bytes, uint64_t capture, uint64_t strea
   *held_bytes = bytes;
   owner_.stats_.add(stat::graph_pool_bytes, static_cast<int64_t>(bytes));
   return ARCPOOL_STATUS_SUCCESS;
+}
+
+bool graph_pool::work_done(block& b) {
+  while (!b.fences.empty()) {
+    bool done = false;
+    if (owner_.driver_->event_query(b.fences.back()->event(), &done) != ARCPOOL_STATUS_SUCCESS ||
+        !done) {
+      return false;
+    }
+    b.fences.pop_back();
+  }
+  return true;
 }
 
 void graph_pool::give(void* base, size_t held_bytes, tag where, fence_list fences) {

@@ -65,6 +65,11 @@ class graph_pool {
     fence_list fences;
   };
 
+  /// True once every fence of `b` completed (those that did are dropped): a launch of the graph
+  /// being captured is ordered after no work outside it, so a block freed outside every capture
+  /// is lent only then. Queries never block (lock held).
+  bool work_done(block& b);
+
   allocator& owner_;
   refcount refs_{1};
   std::mutex mutex_;
