@@ -312,6 +312,28 @@ TEST_P(GraphCapture, ADrainWhileTheDeferredFreesStreamCapturesAgainKeepsTheFreeQ
   EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
 }
 
+// Memory whose current stream captures another graph may be used by each launch of that graph,
+// which a free deferred to this graph's end would not wait for: refused, nothing changed, as a
+// transfer across captures is. It was deferred, and then freed under the other graph.
+TEST_P(GraphCapture, AFreeOfMemoryAnotherCaptureUsesIsRefused) {
+  arcpool_stream_t s = make_stream(), theirs = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, theirs);
+  begin(theirs);
+  fill_async(theirs, data(a), kBytes, 6);
+  begin(s);
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(a, s, 0));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "captures another graph"))
+      << arcpool_last_error();
+  EXPECT_EQ(0u, stats().graph_deferred_frees);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(theirs)));
+  ASSERT_OK(arcpool_deallocate_async(a, theirs, 0));  // still its owner's to free
+  arcpool_allocation_release(a);
+  sync(theirs);
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
 TEST_P(GraphCapture, AUserObjectsDestructorNeverWaitsForTheReclaimWorker) {
   // cudaUserObjectCreate: "Destructor callbacks cannot make CUDA API calls and should avoid
   // blocking behavior, as they are executed by a shared internal thread."

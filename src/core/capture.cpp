@@ -244,6 +244,19 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
                     "created or registered, so arcpool cannot fence it after the graph's end",
                     a.describe().c_str(), static_cast<void*>(s.handle));
       }
+      if (s.id != caller.id) {
+        // Another capture's graph may use the memory at each of its launches, and arcpool can
+        // order the free after none of them (as a transfer across captures is refused).
+        capture_info theirs;
+        ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(s.handle, &theirs));
+        if (theirs.id != capture.id) {
+          return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                      "deallocate of %s on stream %p: stream %p, which may use it, captures "
+                      "another graph, whose launches arcpool cannot order the free after",
+                      a.describe().c_str(), static_cast<void*>(caller.handle),
+                      static_cast<void*>(s.handle));
+        }
+      }
       item.fence_later.push_back(s);
       return ARCPOOL_STATUS_SUCCESS;
     }
