@@ -334,6 +334,50 @@ TEST_P(GraphCapture, AFreeOfMemoryAnotherCaptureUsesIsRefused) {
   EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
 }
 
+// Captured edges order a graph's nodes only: a transfer's donor may still have work queued from
+// before the capture, ordered before nothing the receiver does. Memory from before the capture
+// keeps the donor as a use record, so that its free waits for that work. It was dropped: the
+// free, deferred to the graph's end, fenced only the receiver and ran under the donor's work.
+TEST_P(GraphCapture, ATransferDuringCaptureKeepsTheDonorsEarlierWorkBeforeTheFree) {
+  arcpool_stream_t s = make_stream(), consumer = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  gate& held = block(s);
+  fill_async(s, data(a), kBytes, 4);  // queued before the capture, held
+  begin(s);
+  edge(s, consumer);
+  ASSERT_OK(arcpool_transfer(a, consumer));
+  ASSERT_OK(arcpool_deallocate_async(a, consumer, 0));
+  arcpool_allocation_release(a);
+  edge(consumer, s);  // join
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  await_posted_tasks();
+  run_unheld({consumer});
+  expect_pending(1, kBytes, 0);  // the graph is gone: the donor's held work holds the free
+  held.open();
+  sync(s);
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
+// The donor stays a use record only when arcpool can fence it once the capture is over: a
+// stream it neither created nor registered may be gone by then. Refused, nothing changed.
+TEST_P(GraphCapture, ATransferDuringCaptureFromAStreamArcpoolCannotFenceLaterIsRefused) {
+  arcpool_stream_t app = make_app_stream(), consumer = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, app);
+  begin(app);
+  edge(app, consumer);
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_transfer(a, consumer));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "could not fence")) << arcpool_last_error();
+  EXPECT_EQ(app, info(a).current_stream);
+  edge(consumer, app);  // join
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(app)));
+  ASSERT_OK(arcpool_deallocate_async(a, app, 0));
+  arcpool_allocation_release(a);
+  sync(app);
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
 TEST_P(GraphCapture, AUserObjectsDestructorNeverWaitsForTheReclaimWorker) {
   // cudaUserObjectCreate: "Destructor callbacks cannot make CUDA API calls and should avoid
   // blocking behavior, as they are executed by a shared internal thread."

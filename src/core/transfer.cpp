@@ -39,10 +39,28 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "transfer"));
   if (capturing) {
-    // Within one capture: captured edges from the donors (docs/graphs.md).
+    // Within one capture: captured edges from the donors (docs/graphs.md). They order the
+    // graph's nodes only, not the work queued on the current stream before the capture: memory
+    // that existed then keeps that stream as a use record, which its free fences.
+    const bool keep_donor = !a.graph() && a.lender() == nullptr && a.current.id != target.id;
+    if (keep_donor && !a.current.provably_alive()) {
+      return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                  "transfer of %s during a capture: its current stream %p is not one arcpool "
+                  "created or registered, so arcpool could not fence the work queued there "
+                  "before the capture once it ends",
+                  a.describe().c_str(), static_cast<void*>(a.current.handle));
+    }
     ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, target, "transfer"));
-    a.uses.clear();
+    if (keep_donor) {
+      const bool recorded = std::any_of(a.uses.begin(), a.uses.end(), [&](const use_record& u) {
+        return u.stream.id == a.current.id && u.at_deallocation && !u.fence;
+      });
+      if (!recorded) a.uses.push_back(use_record{std::move(a.current), fence_ref(), true});
+    } else {
+      a.uses.clear();
+    }
     a.current = std::move(target);
+    a.current_fence = fence_ref();  // the donor's, if it had one
     stats_.count(stat::transfers);
     return ARCPOOL_STATUS_SUCCESS;
   }
