@@ -797,6 +797,19 @@ TEST_P(GraphPools, ABlockFreedOutsideCaptureIsLentToACaptureOnlyOnceItsWorkCompl
   EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
 }
 
+// "end unbinds it, before or after the capture ended": also once the capture's graph is gone
+// and the reclaim worker dropped what the binding lent. It answered INVALID_ARGUMENT then, or
+// not, as the worker's timing had it.
+TEST_P(GraphPools, EndAfterTheCapturesGraphIsGoneSucceedsOnce) {
+  arcpool_stream_t s = make_stream();
+  begin(s);
+  bind(s);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  await_posted_tasks();
+  EXPECT_OK(arcpool_graph_pool_end(pool_, s));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_graph_pool_end(pool_, s));
+}
+
 TEST_P(GraphPools, BeginNeedsACapturingStreamAndEndABegin) {
   arcpool_stream_t s = make_stream();
   ASSERT_OK(arcpool_graph_pool_create(alloc_, &pool_));

@@ -141,8 +141,11 @@ class allocator {
   arcpool_status_t begin_graph_pool(graph_pool& pool, stream_handle s);
   /// Unbinds the captures of `pool` begun on `s`.
   arcpool_status_t end_graph_pool(graph_pool& pool, stream_handle s);
-  /// A bound capture's graph is gone: its binding goes (on the reclaim worker).
+  /// Drops the binding of `capture` (a begin that failed after binding).
   void unbind_capture(uint64_t capture) noexcept;
+  /// A bound capture's graph is gone (on the reclaim worker): its binding lends no more, and
+  /// stays until end_graph_pool, which the application may call before or after.
+  void capture_graph_gone(uint64_t capture) noexcept;
   /// A user object now holds `task`, which its destructor will post (post_task): takes the
   /// record that keeps the allocator alive through that post, and starts the reclaim worker.
   void await_posted_task() {
@@ -441,7 +444,8 @@ class allocator {
   struct graph_binding {
     uint64_t capture;
     stream_handle begun_on;
-    graph_pool* pool;
+    graph_pool* pool;  ///< compared only, once graph_gone (the pool may be gone too)
+    bool graph_gone = false;
   };
   std::mutex graph_bindings_mutex_;
   std::vector<graph_binding> graph_bindings_;

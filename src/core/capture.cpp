@@ -301,7 +301,7 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
 graph_pool* allocator::bound_pool(uint64_t capture) {
   std::lock_guard<std::mutex> lock(graph_bindings_mutex_);
   for (const graph_binding& b : graph_bindings_)
-    if (b.capture == capture) return b.pool;
+    if (b.capture == capture && !b.graph_gone) return b.pool;
   return nullptr;
 }
 
@@ -363,7 +363,7 @@ struct capture_binding_gate final : posted_task {
   }
   static void end_binding(posted_task* task) noexcept {
     auto* gate = static_cast<capture_binding_gate*>(task);
-    gate->pool->owner().unbind_capture(gate->capture);
+    gate->pool->owner().capture_graph_gone(gate->capture);
     gate->pool->capture_ended(gate->capture);
     gate->pool->release();
     delete gate;
@@ -395,7 +395,7 @@ arcpool_status_t allocator::begin_graph_pool(graph_pool& pool, stream_handle s) 
                     static_cast<void*>(s));
       }
     }
-    graph_bindings_.push_back(graph_binding{capture.id, s, &pool});
+    graph_bindings_.push_back(graph_binding{capture.id, s, &pool, false});
   }
   auto* gate = new (std::nothrow) capture_binding_gate(pool, capture.id);
   arcpool_status_t status = gate == nullptr
@@ -426,6 +426,12 @@ arcpool_status_t allocator::end_graph_pool(graph_pool& pool, stream_handle s) {
   }
   graph_bindings_.erase(it, graph_bindings_.end());
   return ARCPOOL_STATUS_SUCCESS;
+}
+
+void allocator::capture_graph_gone(uint64_t capture) noexcept {
+  std::lock_guard<std::mutex> lock(graph_bindings_mutex_);
+  for (graph_binding& b : graph_bindings_)
+    if (b.capture == capture) b.graph_gone = true;
 }
 
 void allocator::unbind_capture(uint64_t capture) noexcept {
