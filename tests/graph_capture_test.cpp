@@ -810,6 +810,30 @@ TEST_P(GraphPools, EndAfterTheCapturesGraphIsGoneSucceedsOnce) {
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_graph_pool_end(pool_, s));
 }
 
+// Only a capture bound to the pool tells it when its graph is gone: a block freed in another
+// capture stayed tagged with that capture, lent to no one until the pool's release. Refused,
+// nothing changed; freed outside every capture, it goes back to its pool.
+TEST_P(GraphPools, ABlockFreedInACaptureNotBoundToItsPoolIsRefused) {
+  arcpool_stream_t s = make_stream();
+  begin(s);
+  bind(s);
+  arcpool_allocation_t* out = allocate(kBytes, s);  // the graph's output, kept after capture
+  cudaGraph_t first = end(s);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  begin(s);  // a capture bound to no pool
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(out, s, 0));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "not bound to that pool"))
+      << arcpool_last_error();
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  ASSERT_OK(arcpool_deallocate_async(out, s, 0));
+  arcpool_allocation_release(out);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(first));
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  EXPECT_TRUE(pools_released());
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
 TEST_P(GraphPools, BeginNeedsACapturingStreamAndEndABegin) {
   arcpool_stream_t s = make_stream();
   ASSERT_OK(arcpool_graph_pool_create(alloc_, &pool_));

@@ -318,6 +318,15 @@ arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref
     // after this point, and captured edges put this point after the block's other streams.
     capture_info capture;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
+    if (bound_pool(capture.id) != a.lender()) {
+      // Only a capture bound to the pool tells it when its graph is gone: in another, the
+      // block would stay tagged with that capture, lent to no one until the pool's release.
+      return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                  "deallocate of %s on stream %p: it is a graph pool's block, and the stream's "
+                  "capture is not bound to that pool; free it in a capture bound to the pool or "
+                  "outside every capture",
+                  a.describe().c_str(), static_cast<void*>(caller.handle));
+    }
     ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, caller, "deallocate"));
     where = graph_pool::tag{capture.id, caller.id};
   } else {
