@@ -52,10 +52,15 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
     }
     ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, target, "transfer"));
     if (keep_donor) {
-      const bool recorded = std::any_of(a.uses.begin(), a.uses.end(), [&](const use_record& u) {
-        return u.stream.id == a.current.id && u.at_deallocation && !u.fence;
-      });
-      if (!recorded) a.uses.push_back(use_record{std::move(a.current), fence_ref(), true});
+      // Fenced at deallocation: it covers an older record of the stream, which it replaces.
+      use_record donor{std::move(a.current), fence_ref(), true};
+      auto same = std::find_if(a.uses.begin(), a.uses.end(),
+                               [&](const use_record& u) { return u.stream.id == donor.stream.id; });
+      if (same != a.uses.end()) {
+        *same = std::move(donor);
+      } else {
+        a.uses.push_back(std::move(donor));
+      }
     } else {
       a.uses.clear();
     }
