@@ -77,13 +77,16 @@ ARCPOOL_TORCH_API void arcpool_torch_record_stream(void* ptr, cudaStream_t strea
 /// streams are not arcpool's (the shim cannot register them), and cudaMemPoolTrimTo keeps
 /// "allocations that have been asynchronously freed but whose completion has not been observed
 /// on the host": without the device synchronization, memory freed on them would stay reserved.
+/// A failure is thrown, as PyTorch's backend raises one (C10_CUDA_CHECK): the synchronization
+/// fails, and invalidates the capture, while a stream of the device captures a graph.
 ARCPOOL_TORCH_API void arcpool_torch_empty_cache() {
   for (int d = 0; d < kMaxDevices; ++d) {
     if (!g_used[d].load(std::memory_order_relaxed)) continue;
     arcpool_allocator_t* a = nullptr;
-    if (arcpool_default_allocator_get(d, &a) == ARCPOOL_STATUS_SUCCESS &&
-        arcpool_allocator_synchronize_device(a) == ARCPOOL_STATUS_SUCCESS) {
-      arcpool_allocator_trim(a, 0);
+    if (arcpool_default_allocator_get(d, &a) != ARCPOOL_STATUS_SUCCESS ||
+        arcpool_allocator_synchronize_device(a) != ARCPOOL_STATUS_SUCCESS ||
+        arcpool_allocator_trim(a, 0) != ARCPOOL_STATUS_SUCCESS) {
+      raise("empty_cache failed");
     }
   }
 }

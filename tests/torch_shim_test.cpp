@@ -4,6 +4,7 @@
 // (tests/python/test_torch.py).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <stdexcept>
 
 #include "conformance/conformance.hpp"
@@ -70,6 +71,29 @@ TEST_F(TorchShim, EmptyCacheGivesBackMemoryFreedOnTorchsStreams) {
   arcpool_torch_free(p, kBytes, 0, s);
   arcpool_torch_empty_cache();
   EXPECT_GE(free_memory(), before) << "memory freed on torch's stream stayed reserved";
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(s);
+}
+
+TEST_F(TorchShim, EmptyCacheDuringACaptureRaisesAsPyTorchsOwnDoes) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // PyTorch's cudaMallocAsync backend: C10_CUDA_CHECK(cudaDeviceSynchronize()) raises while a
+  // stream captures. The shim's synchronization fails the same way, and said nothing.
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* p = arcpool_torch_malloc(4096, 0, s);  // the shim has used device 0
+  ASSERT_NE(nullptr, p);
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  try {
+    arcpool_torch_empty_cache();
+    ADD_FAILURE() << "empty_cache during a capture returned as if it had trimmed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(nullptr, std::strstr(e.what(), "empty_cache failed")) << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaErrorStreamCaptureInvalidated, cudaStreamEndCapture(s, &graph));
+  arcpool_torch_free(p, 4096, 0, s);
+  arcpool_torch_empty_cache();
   EXPECT_EQ("", take_simcuda_violations());
   cudaStreamDestroy(s);
 }
