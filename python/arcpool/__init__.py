@@ -17,7 +17,8 @@ import pickle
 from . import _lib
 from ._lib import ArcpoolError, default_allocator
 
-__all__ = ["DRIVER", "VERSION", "ArcpoolError", "driver", "stats", "stream_stats", "reset_peak_stats",
+# Not DRIVER: a star import would read it, and asking for it initializes CUDA (__getattr__).
+__all__ = ["VERSION", "ArcpoolError", "driver", "stats", "stream_stats", "reset_peak_stats",
            "empty_cache", "memory_snapshot", "dump_snapshot", "default_allocator"]
 
 VERSION = _lib.lib.arcpool_version()

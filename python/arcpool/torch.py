@@ -137,10 +137,14 @@ def _device_argument(device):
     if device is None:
         try:
             import torch
-
-            return torch.cuda.current_device() if torch.cuda.is_available() else 0
         except ImportError:
             return 0
+        # Before torch starts CUDA its current device is 0, and asking would start it: install()
+        # would then be refused, and a process that forks CUDA workers would have a context.
+        # torch's own memory functions do not start CUDA either.
+        if not torch.cuda.is_initialized():
+            return 0
+        return torch.cuda.current_device()
     if isinstance(device, int):
         return device
     if isinstance(device, str):

@@ -17,6 +17,7 @@ class ArcpoolPackage(unittest.TestCase):
         # The driver query initializes CUDA, and a child forked after that cannot use CUDA
         # (DataLoader workers): import arcpool and its framework modules without it.
         code = ("import arcpool, arcpool.torch, arcpool.cupy, arcpool.rmm\n"
+                "from arcpool import *\n"  # a star import reads every name of __all__
                 "print('DRIVER' in vars(arcpool))\n"
                 "print(arcpool.DRIVER)\n"
                 "print('DRIVER' in vars(arcpool))\n")

@@ -196,6 +196,29 @@ class TorchMemoryApi(unittest.TestCase):
             else:
                 sys.modules["torch"] = saved
 
+    def test_no_device_argument_does_not_start_torchs_cuda(self):
+        # torch.cuda.current_device() starts CUDA (_lazy_init): install() is then refused. Once
+        # torch started it, its current device is the default. A stand-in torch.
+        def start_cuda():
+            raise AssertionError("torch.cuda.current_device() started CUDA")
+
+        fake = types.ModuleType("torch")
+        fake.cuda = types.SimpleNamespace(device_count=lambda: 2, is_available=lambda: True,
+                                          is_initialized=lambda: False, current_device=start_cuda)
+        saved = sys.modules.get("torch")
+        sys.modules["torch"] = fake
+        try:
+            self.assertEqual(at.memory_allocated(0), at.memory_allocated())
+            self.assertEqual(at.memory_stats(0), at.memory_stats())
+            fake.cuda.is_initialized = lambda: True
+            fake.cuda.current_device = lambda: 1
+            self.assertEqual(1, at._device_index(None))
+        finally:
+            if saved is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = saved
+
     @unittest.skipUnless(importlib.util.find_spec("torch"), "PyTorch is not installed here")
     def test_the_patch_on_torch_itself(self):
         import torch
