@@ -61,15 +61,20 @@ def _function_pointer(library, name):
 
 
 def _shim_path():
-    shim = None
+    """The shim's path for torch's dlopen: the first file found, else the bare name when the
+    system's search path has it (a bare name is not a file in the working directory)."""
     for candidate in _lib._candidates("libarcpool_torch.so"):
-        if os.path.exists(candidate):
-            shim = candidate
-            break
-    if shim is None:
-        raise ImportError("arcpool: libarcpool_torch.so not found (build arcpool's python "
-                          "target, or set ARCPOOL_LIBRARY_DIR)")
-    return shim
+        if os.path.sep in candidate:
+            if os.path.exists(candidate):
+                return candidate
+            continue
+        try:
+            ctypes.CDLL(candidate)  # searched as torch's dlopen will search it
+        except OSError:
+            continue
+        return candidate
+    raise ImportError("arcpool: libarcpool_torch.so not found (build arcpool's python "
+                      "target, or set ARCPOOL_LIBRARY_DIR)")
 
 
 def install():

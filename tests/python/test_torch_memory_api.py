@@ -5,7 +5,10 @@ checked on a stand-in for torch.cuda here, and on torch itself where torch is in
 """
 import ctypes
 import importlib.util
+import subprocess
 import sys
+import tempfile
+import textwrap
 import types
 import unittest
 
@@ -218,6 +221,27 @@ class TorchMemoryApi(unittest.TestCase):
                 del sys.modules["torch"]
             else:
                 sys.modules["torch"] = saved
+
+    def test_the_shim_is_never_a_stray_file_of_the_working_directory(self):
+        # The last candidate is a bare name, which dlopen (torch's) looks for on the system's
+        # search path, never in the working directory. In a fresh process: one that loaded the
+        # shim already would find it by its soname.
+        code = textwrap.dedent("""
+            import os, sys
+            import arcpool.torch as at
+            os.chdir(sys.argv[1])
+            with open("libarcpool_torch.so", "w") as f:
+                f.write("not a library")
+            at._lib._candidates = lambda name: iter([os.path.join("/nonexistent", name), name])
+            try:
+                print(at._shim_path())
+            except ImportError:
+                print("not found")
+            """)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = subprocess.run([sys.executable, "-c", code, tmp], capture_output=True,
+                                 text=True, check=True)
+        self.assertEqual("not found", out.stdout.strip(), out.stderr)
 
     @unittest.skipUnless(importlib.util.find_spec("torch"), "PyTorch is not installed here")
     def test_the_patch_on_torch_itself(self):
