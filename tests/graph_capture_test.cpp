@@ -346,6 +346,7 @@ TEST_P(GraphCapture, ATransferDuringCaptureKeepsTheDonorsEarlierWorkBeforeTheFre
   begin(s);
   edge(s, consumer);
   ASSERT_OK(arcpool_transfer(a, consumer));
+  ASSERT_OK(arcpool_transfer(a, consumer));  // again, to the stream it is on: nothing dropped
   ASSERT_OK(arcpool_deallocate_async(a, consumer, 0));
   arcpool_allocation_release(a);
   edge(consumer, s);  // join
@@ -781,6 +782,7 @@ TEST_P(GraphPools, ABlockFreedOutsideCaptureIsLentToACaptureOnlyOnceItsWorkCompl
   ASSERT_OK(arcpool_graph_pool_end(pool_, t));
   held.open();
   sync(user);
+  sync(s);   // its fence too
   begin(t);  // the work completed: the block is lent again
   bind(t);
   arcpool_allocation_t* c = allocate(kBytes, t);
@@ -827,6 +829,44 @@ TEST_P(GraphPools, ABlockFreedInACaptureNotBoundToItsPoolIsRefused) {
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
   ASSERT_OK(arcpool_deallocate_async(out, s, 0));
   arcpool_allocation_release(out);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(first));
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  EXPECT_TRUE(pools_released());
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
+// The binding may end before the capture does: the pool still hears of the capture's end, so
+// its blocks may still be freed in it. (They were refused once end had run.)
+TEST_P(GraphPools, ABlockFreedInItsCaptureAfterTheBindingEndedGoesBackToThePool) {
+  arcpool_stream_t s = make_stream();
+  begin(s);
+  bind(s);
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  EXPECT_TRUE(pools_released());
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+}
+
+// A dropped last reference cannot be refused: a block whose current stream captures a graph
+// its pool does not hear of waits for the pool's release. It was refused, and the block kept
+// its pool's reference for good: the pool, and the allocator it counts as a record of, leaked.
+TEST_P(GraphPools, ABlockDroppedInACaptureNotBoundToItsPoolGoesBackAtThePoolsRelease) {
+  arcpool_stream_t s = make_stream();
+  begin(s);
+  bind(s);
+  arcpool_allocation_t* out = allocate(kBytes, s);  // the graph's output, kept after capture
+  cudaGraph_t first = end(s);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  begin(s);                         // a capture bound to no pool
+  arcpool_allocation_release(out);  // its owner leaked: the last reference frees it
+  EXPECT_EQ(0u, stats().reclaim_failures);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(first));
   arcpool_graph_pool_release(std::exchange(pool_, nullptr));
   EXPECT_TRUE(pools_released());

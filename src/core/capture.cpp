@@ -318,9 +318,10 @@ arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref
     // after this point, and captured edges put this point after the block's other streams.
     capture_info capture;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
-    if (bound_pool(capture.id) != a.lender()) {
+    if (!implicit && !a.lender()->hears_of(capture.id)) {
       // Only a capture bound to the pool tells it when its graph is gone: in another, the
       // block would stay tagged with that capture, lent to no one until the pool's release.
+      // (A dropped last reference cannot be refused: its block waits for that release.)
       return fail(ARCPOOL_STATUS_UNSUPPORTED,
                   "deallocate of %s on stream %p: it is a graph pool's block, and the stream's "
                   "capture is not bound to that pool; free it in a capture bound to the pool or "
@@ -412,9 +413,11 @@ arcpool_status_t allocator::begin_graph_pool(graph_pool& pool, stream_handle s) 
                                 : ARCPOOL_STATUS_SUCCESS;
   if (status == ARCPOOL_STATUS_SUCCESS) {
     pool.retain();
+    pool.capture_bound(capture.id);
     status = driver_->graph_defer(capture.graph, &capture_binding_gate::open, gate);
     if (status != ARCPOOL_STATUS_SUCCESS) {
       delete gate;
+      pool.capture_ended(capture.id);
       pool.release();
     } else {
       await_posted_task();

@@ -1,5 +1,7 @@
 #include "core/graph_pool.hpp"
 
+#include <algorithm>
+
 #include "core/allocator.hpp"
 #include "support/status.hpp"
 
@@ -90,8 +92,19 @@ void graph_pool::give(void* base, size_t held_bytes, tag where, fence_list fence
   free_.push_back(std::move(b));
 }
 
+void graph_pool::capture_bound(uint64_t capture) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  captures_.push_back(capture);
+}
+
+bool graph_pool::hears_of(uint64_t capture) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::find(captures_.begin(), captures_.end(), capture) != captures_.end();
+}
+
 void graph_pool::capture_ended(uint64_t capture) {
   std::lock_guard<std::mutex> lock(mutex_);
+  captures_.erase(std::remove(captures_.begin(), captures_.end(), capture), captures_.end());
   for (block& b : free_)
     if (b.where.capture == capture) b.where = tag{};
 }

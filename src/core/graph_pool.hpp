@@ -46,6 +46,11 @@ class graph_pool {
   /// Takes back a block lent out, free for what `where` allows. `fences`: the uses outside
   /// any capture that the block's final release waits for.
   void give(void* base, size_t held_bytes, tag where, fence_list fences);
+  /// Capture `capture` is bound to the pool, which will hear (capture_ended) when its graph is
+  /// gone, whether or not the application ended the binding first.
+  void capture_bound(uint64_t capture);
+  /// True while the pool will hear of the end of `capture`'s graph.
+  bool hears_of(uint64_t capture);
   /// Capture `capture`'s graph is gone: its freed blocks become free for any bound capture.
   void capture_ended(uint64_t capture);
 
@@ -73,7 +78,8 @@ class graph_pool {
   allocator& owner_;
   refcount refs_{1};
   std::mutex mutex_;
-  std::vector<block> free_;  ///< blocks not lent out now
+  std::vector<block> free_;         ///< blocks not lent out now
+  std::vector<uint64_t> captures_;  ///< bound captures whose graphs live
 };
 
 }  // namespace arcpool::detail

@@ -40,9 +40,11 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "transfer"));
   if (capturing) {
     // Within one capture: captured edges from the donors (docs/graphs.md). They order the
-    // graph's nodes only, not the work queued on the current stream before the capture: memory
-    // that existed then keeps that stream as a use record, which its free fences.
-    const bool keep_donor = !a.graph() && a.lender() == nullptr && a.current.id != target.id;
+    // graph's nodes only, not the work queued on the streams before the capture: memory that
+    // existed then keeps its use records, and its current stream becomes one, which its free
+    // fences.
+    const bool from_before = !a.graph() && a.lender() == nullptr;
+    const bool keep_donor = from_before && a.current.id != target.id;
     if (keep_donor && !a.current.provably_alive()) {
       return fail(ARCPOOL_STATUS_UNSUPPORTED,
                   "transfer of %s during a capture: its current stream %p is not one arcpool "
@@ -61,7 +63,7 @@ arcpool_status_t allocator::transfer(allocation& a, stream_handle to) {
       } else {
         a.uses.push_back(std::move(donor));
       }
-    } else {
+    } else if (!from_before) {
       a.uses.clear();
     }
     a.current = std::move(target);
