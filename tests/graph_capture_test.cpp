@@ -67,6 +67,11 @@ class GraphCapture : public DriverTest {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ASSERT_FALSE(core().reclaims().posts_outstanding()) << "a user object's destructor never ran";
   }
+  /// Completes the deferred frees and expects nothing held but the stream caches.
+  void finish_and_expect_nothing_held() {
+    finish_reclaims();
+    EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  }
   bool is_graph_memory(const arcpool_allocation_t* a) const {
     return (placement(a).flags & ARCPOOL_PLACEMENT_FLAG_GRAPH) != 0;
   }
@@ -282,8 +287,7 @@ TEST_P(GraphCapture, AFreeDuringCaptureWaitsForAUseOnAnotherThreadsPerThreadStre
   held->open();
   go_on.set_value();
   user.join();
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  finish_and_expect_nothing_held();
 }
 
 // A free deferred to a graph's end fences its stream once the graph is gone, and that stream
@@ -330,8 +334,7 @@ TEST_P(GraphCapture, AFreeOfMemoryAnotherCaptureUsesIsRefused) {
   ASSERT_OK(arcpool_deallocate_async(a, theirs, 0));  // still its owner's to free
   arcpool_allocation_release(a);
   sync(theirs);
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  finish_and_expect_nothing_held();
 }
 
 // Captured edges order a graph's nodes only: a transfer's donor may still have work queued from
@@ -356,8 +359,7 @@ TEST_P(GraphCapture, ATransferDuringCaptureKeepsTheDonorsEarlierWorkBeforeTheFre
   expect_pending(1, kBytes, 0);  // the graph is gone: the donor's held work holds the free
   held.open();
   sync(s);
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  finish_and_expect_nothing_held();
 }
 
 // The donor stays a use record only when arcpool can fence it once the capture is over: a
@@ -375,8 +377,7 @@ TEST_P(GraphCapture, ATransferDuringCaptureFromAStreamArcpoolCannotFenceLaterIsR
   ASSERT_OK(arcpool_deallocate_async(a, app, 0));
   arcpool_allocation_release(a);
   sync(app);
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  finish_and_expect_nothing_held();
 }
 
 TEST_P(GraphCapture, AUserObjectsDestructorNeverWaitsForTheReclaimWorker) {
@@ -414,8 +415,7 @@ TEST_P(GraphCapture, AUserObjectsDestructorNeverWaitsForTheReclaimWorker) {
   // The worker still gives the deferred frees back.
   sync(s);
   sync(other);
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  finish_and_expect_nothing_held();
 }
 
 TEST_P(GraphCapture, TwoThreadsFreeingIntoOneCaptureNeverCallOnItsGraphAtOnce) {
@@ -646,6 +646,23 @@ class GraphPools : public GraphCapture {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return stats().graph_pool_bytes_current == 0;
   }
+  /// Captures on `s`, bound to the pool until the capture ends, a graph (`*graph`) whose output
+  /// block outlives the capture, and returns that block.
+  arcpool_allocation_t* capture_an_output(arcpool_stream_t s, cudaGraph_t* graph) {
+    begin(s);
+    bind(s);
+    arcpool_allocation_t* out = allocate(kBytes, s);
+    *graph = end(s);
+    EXPECT_OK(arcpool_graph_pool_end(pool_, s));
+    return out;
+  }
+  /// Releases the pool and expects everything back: its blocks returned to the allocator's
+  /// pool and freed, nothing held but the stream caches.
+  void release_pool_and_expect_all_back() {
+    arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+    EXPECT_TRUE(pools_released());
+    finish_and_expect_nothing_held();
+  }
   arcpool_graph_pool_t* pool_ = nullptr;
 };
 
@@ -750,10 +767,7 @@ TEST_P(GraphPools, ABlockTheGraphKeepsGoesBackToThePoolWhenItsOwnerDeallocatesIt
   EXPECT_EQ(kBytes, stats().graph_pool_bytes_current) << "still the pool's, not the allocator's";
   EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
-  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
-  EXPECT_TRUE(pools_released());
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  release_pool_and_expect_all_back();
 }
 
 // A block freed outside every capture comes back to its pool with fences of its streams' work.
@@ -761,12 +775,9 @@ TEST_P(GraphPools, ABlockTheGraphKeepsGoesBackToThePoolWhenItsOwnerDeallocatesIt
 // is ordered after none of it. It was lent at once, and the graph could write it under a kernel.
 TEST_P(GraphPools, ABlockFreedOutsideCaptureIsLentToACaptureOnlyOnceItsWorkCompleted) {
   arcpool_stream_t s = make_stream(), user = make_stream(), t = make_stream();
-  begin(s);
-  bind(s);
-  arcpool_allocation_t* out = allocate(kBytes, s);  // the graph's output, kept after capture
+  cudaGraph_t first = nullptr;
+  arcpool_allocation_t* out = capture_an_output(s, &first);
   void* const kept = data(out);
-  cudaGraph_t first = end(s);
-  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
   gate& held = block(user);  // outside every capture, a held stream still uses the block
   ASSERT_OK(arcpool_record_use(out, user));
   fill_async(user, kept, kBytes, 3);
@@ -793,10 +804,7 @@ TEST_P(GraphPools, ABlockFreedOutsideCaptureIsLentToACaptureOnlyOnceItsWorkCompl
   ASSERT_OK(arcpool_graph_pool_end(pool_, t));
   for (cudaGraph_t g : {first, second, third})
     EXPECT_EQ(cudaSuccess, cudaGraphDestroy(g));
-  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
-  EXPECT_TRUE(pools_released());
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  release_pool_and_expect_all_back();
 }
 
 // "end unbinds it, before or after the capture ended": also once the capture's graph is gone
@@ -817,11 +825,8 @@ TEST_P(GraphPools, EndAfterTheCapturesGraphIsGoneSucceedsOnce) {
 // nothing changed; freed outside every capture, it goes back to its pool.
 TEST_P(GraphPools, ABlockFreedInACaptureNotBoundToItsPoolIsRefused) {
   arcpool_stream_t s = make_stream();
-  begin(s);
-  bind(s);
-  arcpool_allocation_t* out = allocate(kBytes, s);  // the graph's output, kept after capture
-  cudaGraph_t first = end(s);
-  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  cudaGraph_t first = nullptr;
+  arcpool_allocation_t* out = capture_an_output(s, &first);
   begin(s);  // a capture bound to no pool
   EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(out, s, 0));
   EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "not bound to that pool"))
@@ -830,10 +835,7 @@ TEST_P(GraphPools, ABlockFreedInACaptureNotBoundToItsPoolIsRefused) {
   ASSERT_OK(arcpool_deallocate_async(out, s, 0));
   arcpool_allocation_release(out);
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(first));
-  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
-  EXPECT_TRUE(pools_released());
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  release_pool_and_expect_all_back();
 }
 
 // The binding may end before the capture does: the pool still hears of the capture's end, so
@@ -847,10 +849,7 @@ TEST_P(GraphPools, ABlockFreedInItsCaptureAfterTheBindingEndedGoesBackToThePool)
   EXPECT_OK(arcpool_deallocate_async(a, s, 0));
   arcpool_allocation_release(a);
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
-  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
-  EXPECT_TRUE(pools_released());
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  release_pool_and_expect_all_back();
 }
 
 // A dropped last reference cannot be refused: a block whose current stream captures a graph
@@ -858,20 +857,14 @@ TEST_P(GraphPools, ABlockFreedInItsCaptureAfterTheBindingEndedGoesBackToThePool)
 // its pool's reference for good: the pool, and the allocator it counts as a record of, leaked.
 TEST_P(GraphPools, ABlockDroppedInACaptureNotBoundToItsPoolGoesBackAtThePoolsRelease) {
   arcpool_stream_t s = make_stream();
-  begin(s);
-  bind(s);
-  arcpool_allocation_t* out = allocate(kBytes, s);  // the graph's output, kept after capture
-  cudaGraph_t first = end(s);
-  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  cudaGraph_t first = nullptr;
+  arcpool_allocation_t* out = capture_an_output(s, &first);
   begin(s);                         // a capture bound to no pool
   arcpool_allocation_release(out);  // its owner leaked: the last reference frees it
   EXPECT_EQ(0u, stats().reclaim_failures);
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(first));
-  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
-  EXPECT_TRUE(pools_released());
-  finish_reclaims();
-  EXPECT_EQ(0u, stats().bytes_held_current - stats().bytes_cached_current);
+  release_pool_and_expect_all_back();
 }
 
 TEST_P(GraphPools, BeginNeedsACapturingStreamAndEndABegin) {
