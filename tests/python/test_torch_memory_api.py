@@ -5,6 +5,7 @@ checked on a stand-in for torch.cuda here, and on torch itself where torch is in
 """
 import ctypes
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
@@ -238,9 +239,15 @@ class TorchMemoryApi(unittest.TestCase):
             except ImportError:
                 print("not found")
             """)
+        # The child's search path must not hold the real shim (tools/device-check puts the
+        # package's lib folder on LD_LIBRARY_PATH): else a bare name is rightly found there.
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            d for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+            if d and not os.path.exists(os.path.join(d, "libarcpool_torch.so")))
         with tempfile.TemporaryDirectory() as tmp:
             out = subprocess.run([sys.executable, "-c", code, tmp], capture_output=True,
-                                 text=True, check=True)
+                                 text=True, check=True, env=env)
         self.assertEqual("not found", out.stdout.strip(), out.stderr)
 
     @unittest.skipUnless(importlib.util.find_spec("torch"), "PyTorch is not installed here")
