@@ -50,6 +50,7 @@ import collections
 import ctypes
 import os
 import pickle
+import threading
 
 from . import _lib
 
@@ -169,6 +170,7 @@ _ACCUMULATED_KEYS = ("allocation.all.allocated", "allocation.all.freed", "num_al
 # device -> (its default allocator's address, {key: its count at the last
 # reset_accumulated_memory_stats}): a replaced allocator counts from 0 again, without the base.
 _accumulated_base = {}
+_accumulated_lock = threading.Lock()  # guards a check-and-drop of a base in _accumulated_base
 
 
 def memory_stats(device=None):
@@ -180,13 +182,17 @@ def memory_stats(device=None):
 
     index = _device_index(device)
     figures = arcpool_stats(index)
-    allocator, base = _accumulated_base.get(index, (None, {}))
-    if base:
+    entry = _accumulated_base.get(index)
+    if entry is not None:
+        allocator, base = entry
         # A replaced allocator counts from 0: its base goes once it is seen gone, or below the
         # base (a new allocator may be made at the freed one's address; one seen only after
         # it counted past the base is not told apart).
         if allocator != _allocator_value(index) or any(figures[k] < c for k, c in base.items()):
-            del _accumulated_base[index]
+            # Only this base: another thread may have dropped it, or reset a newer one, since.
+            with _accumulated_lock:
+                if _accumulated_base.get(index) is entry:
+                    del _accumulated_base[index]
         else:
             for key, count in base.items():
                 figures[key] -= count
@@ -207,8 +213,9 @@ def reset_accumulated_memory_stats(device=None):
 
     index = _device_index(device)
     figures = arcpool_stats(index)
-    _accumulated_base[index] = (_allocator_value(index),
-                                {key: figures[key] for key in _ACCUMULATED_KEYS})
+    with _accumulated_lock:
+        _accumulated_base[index] = (_allocator_value(index),
+                                    {key: figures[key] for key in _ACCUMULATED_KEYS})
 
 
 def get_per_process_memory_fraction(device=None):

@@ -182,6 +182,40 @@ class TorchMemoryApi(unittest.TestCase):
         finally:
             at._accumulated_base.clear()
 
+    def test_a_stale_base_is_dropped_once_and_never_a_newer_one(self):
+        # Threads reading one stale base (its allocator replaced) may both drop it, and another
+        # may reset a newer base meanwhile. The patched _allocator_value plays that other thread
+        # at the moment memory_stats checks the base.
+        _free(_malloc(MIB), MIB)
+        real = at._allocator_value
+
+        def make_stale():
+            at.reset_accumulated_memory_stats(0)
+            at._accumulated_base[0] = (object(), at._accumulated_base[0][1])
+
+        def another_thread_drops(index):
+            at._accumulated_base.pop(index, None)
+            return real(index)
+
+        def another_thread_resets(index):
+            at._allocator_value = real
+            at.reset_accumulated_memory_stats(index)
+            return real(index)
+
+        try:
+            make_stale()
+            at._allocator_value = another_thread_drops
+            at.memory_stats(0)  # no KeyError
+            self.assertNotIn(0, at._accumulated_base)
+            make_stale()
+            at._allocator_value = another_thread_resets
+            at.memory_stats(0)
+            self.assertEqual(real(0), at._accumulated_base[0][0], "the newer base stays")
+            self.assertEqual(0, at.memory_stats(0)["allocation.all.allocated"])
+        finally:
+            at._allocator_value = real
+            at._accumulated_base.clear()
+
     def test_a_device_this_process_does_not_have_raises_as_torchs_own(self):
         # With torch, torch.cuda.memory_allocated(7) on a two-GPU machine raises "Invalid
         # device argument"; arcpool would read zeros (no allocator there). A stand-in torch.
