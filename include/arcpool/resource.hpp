@@ -2,17 +2,17 @@
 // resource ref (RMM's device_async_resource_ref among them), thrust::cuda::par_nosync(alloc) and
 // CUB temporary storage can allocate from arcpool, stream-ordered.
 //
-// CCCL changed the concept between the two versions arcpool is built against, and
-// memory_resource satisfies both (a static_assert checks the one of the CCCL it is compiled
-// with):
-// - CCCL 3.0 (CUDA 13.0's toolkit): cuda::mr::async_resource, behind
-//   LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE (defined here when the includer did not):
-//   allocate_async(bytes, alignment, stream), deallocate_async(p, bytes, alignment, stream),
-//   allocate(bytes, alignment), deallocate(p, bytes, alignment).
+// CCCL changed the concept between the versions arcpool is built against, and memory_resource
+// satisfies each (a static_assert checks the one of the CCCL it is compiled with):
+// - CCCL 2.x (2.7 ships with the header-only RMM 24.12) and 3.0 (CUDA 13.0's toolkit):
+//   cuda::mr::async_resource, behind LIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE (defined
+//   here when the includer did not): allocate_async(bytes, alignment, stream),
+//   deallocate_async(p, bytes, alignment, stream), allocate(bytes, alignment),
+//   deallocate(p, bytes, alignment).
 // - CCCL 3.5 (the one librmm-cu13 26.10 ships): the stream-first cuda::mr::resource:
 //   allocate(stream, bytes, alignment), deallocate(stream, p, bytes, alignment),
 //   allocate_sync(bytes, alignment), deallocate_sync(p, bytes, alignment).
-// Never include this header with both CCCLs on the include path. Host-only: no nvcc needed.
+// Never include this header with two CCCLs on the include path. Host-only: no nvcc needed.
 //
 // Out of memory throws arcpool::out_of_memory, a std::bad_alloc, not RMM's rmm::out_of_memory:
 // under RMM's failure_callback_resource_adaptor, name it as the adaptor's exception type
@@ -108,9 +108,9 @@ class memory_resource {
   arcpool_allocator_t* allocator_;
 };
 
-#if CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION == 0
+#if CCCL_MAJOR_VERSION < 3 || (CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION == 0)
 static_assert(::cuda::mr::async_resource_with<memory_resource, ::cuda::mr::device_accessible>,
-              "arcpool::memory_resource must satisfy CCCL 3.0's async_resource concept");
+              "arcpool::memory_resource must satisfy CCCL 2.x's and 3.0's async_resource concept");
 #else
 static_assert(::cuda::mr::resource_with<memory_resource, ::cuda::mr::device_accessible>,
               "arcpool::memory_resource must satisfy CCCL's stream-first resource concept");

@@ -1,19 +1,26 @@
 // arcpool under RMM's own containers, through RMM's resource-ref API (issue 12): rmm::device_buffer
-// and rmm::device_uvector allocate from arcpool::memory_resource. Compiled against the CCCL that
-// librmm-cu13 ships (its include/rapids), never with the toolkit's on the include path.
-//
-// librmm.so (librmm-cu13 26.10) links the CUDA runtime statically: it imports no libcudart
-// symbol, so RMM's own calls (rmm::detail::memcpy_async behind set_element_async, for one) reach
-// the driver through its private runtime. They cannot reach simcuda (tried: that copy failed
-// there with cudaErrorInsufficientDriver), and without a GPU they fail: the test runs on a GPU
-// only (skipped otherwise, with the reason; ARCPOOL_REQUIRE_GPU=1 makes that a failure).
+// and rmm::device_uvector allocate from arcpool::memory_resource. Built twice (tests/rmm), each
+// time against the CCCL that RMM ships, never with the toolkit's on the include path:
+// - arcpool_rmm_tests, RMM 26.10 (librmm-cu13). librmm.so links the CUDA runtime statically (it
+//   imports no libcudart symbol), so RMM's own calls (rmm::detail::memcpy_async behind
+//   set_element_async, for one) reach the driver through its private runtime. They cannot reach
+//   simcuda (tried: that copy failed there with cudaErrorInsufficientDriver): that build runs on
+//   a GPU only (ARCPOOL_RMM_STATIC_RUNTIME).
+// - arcpool_rmm_header_only_tests, RMM 24.12 (librmm-cu12), the last header-only RMM: its
+//   containers call this program's CUDA runtime, so it runs on a GPU and on simcuda, which
+//   checks that RMM's copies on the streams are ordered after arcpool's allocations and before
+//   its frees.
+// Without a device the tests skip, with the reason; ARCPOOL_REQUIRE_GPU=1 makes that a failure.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
 #include <rmm/device_buffer.hpp>
 #include <rmm/device_uvector.hpp>
@@ -28,15 +35,33 @@ namespace {
 
 /// Why the test cannot run here ("" when it can).
 std::string why_not_here() {
+#ifdef ARCPOOL_RMM_STATIC_RUNTIME
   if (dlsym(RTLD_DEFAULT, "simcuda_violation_count") != nullptr) {
     return "on simcuda: librmm.so carries its own static CUDA runtime, which simcuda cannot "
            "replace";
   }
+#endif
   int devices = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess) {
     return std::string("no CUDA device (") + cudaGetErrorName(e) + ")";
   }
   return devices > 0 ? "" : "no CUDA device";
+}
+
+/// What simcuda saw go wrong since the last call (a use after free, an access not ordered after
+/// its allocation); "" there when nothing did, and on a GPU.
+std::string simcuda_violations() {
+  using take_fn = uint64_t (*)(char*, size_t);
+  const auto take = reinterpret_cast<take_fn>(dlsym(RTLD_DEFAULT, "simcuda_take_violations"));
+  if (take == nullptr) return {};
+  std::vector<char> text(1 << 16);
+  return take(text.data(), text.size()) == 0 ? std::string() : std::string(text.data());
+}
+
+/// Holds `stream` for 100 ms: the work queued after it is still queued for that long.
+void hold(cudaStream_t stream) {
+  auto sleep = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); };
+  ASSERT_EQ(cudaSuccess, cudaLaunchHostFunc(stream, sleep, nullptr));
 }
 
 #define REQUIRE_GPU_OR_SKIP()                                    \
@@ -74,6 +99,37 @@ TEST(RmmInterop, DeviceBufferAndUvectorAllocateThroughArcpool) {
   EXPECT_EQ(0u, st.bytes_in_use_current);
   EXPECT_EQ(3u, st.allocations);
   EXPECT_EQ(3u, st.deallocations);
+  EXPECT_EQ("", simcuda_violations());
+}
+
+TEST(RmmInterop, AUvectorMovedToAnotherStreamIsFreedAfterItsWorkThere) {
+  // RMM frees a container on the stream it was last set to: arcpool routes that free of memory
+  // allocated on another stream, after the work queued where it was freed.
+  REQUIRE_GPU_OR_SKIP();
+  arcpool::allocator alloc;
+  arcpool::stream first = alloc.create_stream();
+  arcpool::stream second = alloc.create_stream();
+  arcpool::memory_resource mr(alloc.get());
+  rmm::device_async_resource_ref ref(mr);
+  const ::cuda::stream_ref on_first(reinterpret_cast<cudaStream_t>(first.get()));
+  const ::cuda::stream_ref on_second(reinterpret_cast<cudaStream_t>(second.get()));
+  const int value = 7;  // lives until both streams are synchronized
+  {
+    rmm::device_uvector<int> v(1 << 16, on_first, ref);
+    v.set_element_async(100, value, on_first);
+    first.synchronize();
+    v.set_stream(on_second);
+    EXPECT_EQ(7, v.element(100, on_second));
+    hold(on_second.get());
+    v.set_element_async(200, value, on_second);  // still queued when v frees it
+  }
+  first.synchronize();
+  second.synchronize();
+  const arcpool_stats_t st = alloc.stats();
+  EXPECT_EQ(0u, st.bytes_in_use_current);
+  EXPECT_EQ(1u, st.allocations);
+  EXPECT_EQ(1u, st.deallocations);
+  EXPECT_EQ("", simcuda_violations()) << "the free ran before the write queued on the stream";
 }
 
 }  // namespace
