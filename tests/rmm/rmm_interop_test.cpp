@@ -12,7 +12,6 @@
 //   its frees.
 // Without a device the tests skip, with the reason; ARCPOOL_REQUIRE_GPU=1 makes that a failure.
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -20,13 +19,13 @@
 #include <string>
 #include <thread>
 #include <type_traits>
-#include <vector>
 
 #include <rmm/device_buffer.hpp>
 #include <rmm/device_uvector.hpp>
 #include <rmm/resource_ref.hpp>
 
 #include "arcpool/resource.hpp"
+#include "support/simcuda_probe.hpp"
 
 static_assert(std::is_constructible_v<rmm::device_async_resource_ref, arcpool::memory_resource&>,
               "RMM's device_async_resource_ref takes arcpool::memory_resource");
@@ -36,7 +35,7 @@ namespace {
 /// Why the test cannot run here ("" when it can).
 std::string why_not_here() {
 #ifdef ARCPOOL_RMM_STATIC_RUNTIME
-  if (dlsym(RTLD_DEFAULT, "simcuda_violation_count") != nullptr) {
+  if (arcpool::test::on_simcuda()) {
     return "on simcuda: librmm.so carries its own static CUDA runtime, which simcuda cannot "
            "replace";
   }
@@ -46,16 +45,6 @@ std::string why_not_here() {
     return std::string("no CUDA device (") + cudaGetErrorName(e) + ")";
   }
   return devices > 0 ? "" : "no CUDA device";
-}
-
-/// What simcuda saw go wrong since the last call (a use after free, an access not ordered after
-/// its allocation); "" there when nothing did, and on a GPU.
-std::string simcuda_violations() {
-  using take_fn = uint64_t (*)(char*, size_t);
-  const auto take = reinterpret_cast<take_fn>(dlsym(RTLD_DEFAULT, "simcuda_take_violations"));
-  if (take == nullptr) return {};
-  std::vector<char> text(1 << 16);
-  return take(text.data(), text.size()) == 0 ? std::string() : std::string(text.data());
 }
 
 /// Holds `stream` for 100 ms: the work queued after it is still queued for that long.
@@ -99,7 +88,7 @@ TEST(RmmInterop, DeviceBufferAndUvectorAllocateThroughArcpool) {
   EXPECT_EQ(0u, st.bytes_in_use_current);
   EXPECT_EQ(3u, st.allocations);
   EXPECT_EQ(3u, st.deallocations);
-  EXPECT_EQ("", simcuda_violations());
+  EXPECT_EQ("", arcpool::test::take_simcuda_violations());
 }
 
 TEST(RmmInterop, AUvectorMovedToAnotherStreamIsFreedAfterItsWorkThere) {
@@ -129,7 +118,8 @@ TEST(RmmInterop, AUvectorMovedToAnotherStreamIsFreedAfterItsWorkThere) {
   EXPECT_EQ(0u, st.bytes_in_use_current);
   EXPECT_EQ(1u, st.allocations);
   EXPECT_EQ(1u, st.deallocations);
-  EXPECT_EQ("", simcuda_violations()) << "the free ran before the write queued on the stream";
+  EXPECT_EQ("", arcpool::test::take_simcuda_violations())
+      << "the free ran before the write queued on the stream";
 }
 
 }  // namespace
