@@ -3,6 +3,7 @@
 // path fails here. Runs on simcuda only: the real runtime has no call counters.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -164,7 +165,9 @@ TEST_F(RuntimeCalls, OfTheFrameworkHooksOnTheLegacyStream) {
 }
 
 // An application stream arcpool does not know is resolved on every call (its handle may have
-// been recycled), its device checked, and it has no cache: register streams used often.
+// been recycled), its device checked, and it has no cache: register streams used often. The
+// pool allocation runs in relaxed capture mode (two exchanges): a capture elsewhere would
+// otherwise refuse it and be invalidated (design.md §6).
 TEST_F(RuntimeCalls, OfAnUnregisteredApplicationStream) {
   cudaStream_t app = nullptr;
   ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&app, cudaStreamNonBlocking));
@@ -175,12 +178,44 @@ TEST_F(RuntimeCalls, OfAnUnregisteredApplicationStream) {
                 {"cuStreamGetCtx", 1},
                 {"cudaMallocFromPoolAsync", 1},
                 {"cudaStreamGetId", 1},
-                {"cudaStreamIsCapturing", 2}},
+                {"cudaStreamIsCapturing", 2},
+                {"cudaThreadExchangeStreamCaptureMode", 2}},
                [&] { ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s, 0, &a)); });
   ASSERT_OK(arcpool_deallocate_async(a, s, 0));
   ASSERT_OK(arcpool_allocation_release(a));
   ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(app));
   ASSERT_EQ(cudaSuccess, cudaStreamDestroy(app));
+}
+
+// A deferred free: the reclaim worker, once it saw every fence complete, makes the free stream
+// wait on each fence before the free. The waits cost the GPU nothing; they put the free after the
+// uses in stream order, which is all compute-sanitizer's stream-ordered race tracking follows
+// (design.md §4).
+TEST_F(RuntimeCalls, ADeferredFreeWaitsOnEachFenceBeforeTheFree) {
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc_, kBytes, 0, s_, 0, &a));
+  ASSERT_OK(arcpool_record_use(a, t_));
+  arcpool_stats_t st{};
+  st.struct_size = sizeof st;
+  st.version = ARCPOOL_STATS_VERSION;
+  ASSERT_OK(arcpool_stats_get(alloc_, &st));
+  const uint64_t frees_before = st.frees;
+  const call_counts calls = calls_of([&] {
+    ASSERT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+    ASSERT_OK(arcpool_allocation_release(a));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    do {
+      ASSERT_OK(arcpool_stats_get(alloc_, &st));
+    } while (st.frees == frees_before && std::chrono::steady_clock::now() < until);
+  });
+  ASSERT_EQ(frees_before + 1, st.frees) << "the reclaim worker never freed the block";
+  const auto count = [&](const char* f) {
+    const auto it = calls.find(f);
+    return it == calls.end() ? uint64_t{0} : it->second;
+  };
+  EXPECT_EQ(2u, count("cudaEventRecord")) << "a fence on s_ (the current stream) and on t_";
+  EXPECT_EQ(count("cudaEventRecord"), count("cudaStreamWaitEvent")) << describe(calls);
+  EXPECT_EQ(1u, count("cudaFreeAsync")) << describe(calls);
 }
 
 // A thread with no current context (it never chose a device): every device guard makes the

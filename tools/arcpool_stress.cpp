@@ -7,6 +7,9 @@
 // --graphs (CUDA driver) adds graph workers: each captures a step (graph allocations or a graph
 // pool's blocks, fills, a fork that verifies on a second stream, a join, the frees, and an
 // earlier allocation freed during the capture), replays it, and destroys it (docs/graphs.md).
+// --no-imports leaves out the imports of foreign memory, whose frees (the program's on_free) are
+// ordered by the host, not by stream order: compute-sanitizer's --track-stream-ordered-races
+// reports each such free as a use after free (bench/results/2026-12-04-h200).
 // On a terminal a progress line (operations, rate, time left) is drawn on standard error.
 #include <algorithm>
 #include <atomic>
@@ -44,8 +47,9 @@ struct config {
   size_t live_per_thread = 48;
   uint64_t seed = 1;
   bool poison = false;
-  bool no_cache = false;  // every free reaches the pool (what compute-sanitizer can see)
-  bool graphs = false;    // graph workers beside the others (CUDA driver)
+  bool no_cache = false;    // every free reaches the pool (what compute-sanitizer can see)
+  bool graphs = false;      // graph workers beside the others (CUDA driver)
+  bool no_imports = false;  // no imports of foreign memory (frees the host orders)
   const char* json = nullptr;
 };
 
@@ -131,7 +135,9 @@ class worker {
   worker(shared_state& s, int index) : s_(s), rng_(s.cfg->seed * 1000003 + index) {}
 
   void run() {
-    std::discrete_distribution<int> pick(std::begin(kOpWeights), std::end(kOpWeights));
+    std::vector<int> weights(std::begin(kOpWeights), std::end(kOpWeights));
+    if (s_.cfg->no_imports) weights[op_import] = 0;
+    std::discrete_distribution<int> pick(weights.begin(), weights.end());
     for (uint64_t n = 0; !s_.stop.load(std::memory_order_relaxed); ++n) {
       if (s_.cfg->ops != 0 && n >= s_.cfg->ops) break;
       int o = pick(rng_);
@@ -456,6 +462,8 @@ bool parse(int argc, char** argv, config* c) {
       c->no_cache = true;
     } else if (a == "--graphs") {
       c->graphs = true;
+    } else if (a == "--no-imports") {
+      c->no_imports = true;
     } else if (a == "--json") {
       c->json = value();
     } else {
@@ -463,7 +471,7 @@ bool parse(int argc, char** argv, config* c) {
                    "usage: %s [--driver auto|cuda|host] [--streams N] [--threads N] "
                    "[--seconds S | --ops N] [--min-bytes N] [--max-bytes N] [--live N] "
                    "[--sync-every N] [--seed N] [--poison] [--no-cache] [--graphs] "
-                   "[--json FILE]\n",
+                   "[--no-imports] [--json FILE]\n",
                    argv[0]);
       return false;
     }

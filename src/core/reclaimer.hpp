@@ -27,6 +27,8 @@ struct reclaim_item {
   void* pointer = nullptr;  ///< the pool's pointer, or the imported pointer
   size_t bytes = 0;         ///< pool bytes (held bytes), or the imported size
   fence_list fences;
+  /// How many of `fences`, from the first, were seen complete (they stay until the free).
+  size_t fences_completed = 0;
   stream_ref origin;  ///< preferred stream for the pool free
   /// External memory: called instead of a pool free (null for pool memory).
   arcpool_on_free_t on_free = nullptr;

@@ -176,7 +176,11 @@ class device_guard {
 /// while any thread captures a graph. arcpool's own calls never touch a capturing stream. Pool
 /// calls (create, destroy, attributes, trim) run relaxed too: the Runtime API does not list
 /// them, but NVIDIA's CCCL does the same because "reading or writing a pool attribute is refused
-/// while the calling thread is capturing" (NVIDIA/cccl PR 11360).
+/// while the calling thread is capturing" (NVIDIA/cccl PR 11360). So do allocations and frees
+/// in a pool, and pool exports and imports: on an H200 (CUDA 13.0, driver 580.159.04;
+/// bench/results/2026-12-04-h200), cudaMallocFromPoolAsync on a stream that is not capturing,
+/// and cudaMemPoolExportPointer, failed with cudaErrorStreamCaptureUnsupported and invalidated
+/// the capture in global or thread-local mode (the conformance suite's Capture tests).
 /// A failed exchange changes nothing, and nothing is restored then.
 class relaxed_capture_guard {
  public:
@@ -456,6 +460,7 @@ class cuda_driver final : public driver {
     if (process_exiting()) return exiting("cudaMallocFromPoolAsync");
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
+    relaxed_capture_guard relaxed;
     return check(cudaMallocFromPoolAsync(out, bytes, pool_, cu(s)), "cudaMallocFromPoolAsync");
   }
 
@@ -463,6 +468,7 @@ class cuda_driver final : public driver {
     if (process_exiting()) return ARCPOOL_STATUS_SUCCESS;  // the process gives it all back
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
+    relaxed_capture_guard relaxed;
     return check(cudaFreeAsync(p, cu(s)), "cudaFreeAsync");
   }
 
@@ -550,6 +556,7 @@ class cuda_driver final : public driver {
     }
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
+    relaxed_capture_guard relaxed;
     return check(
         cudaMemPoolExportToShareableHandle(out, pool_, cudaMemHandleTypePosixFileDescriptor, 0),
         "cudaMemPoolExportToShareableHandle");
@@ -558,6 +565,7 @@ class cuda_driver final : public driver {
   arcpool_status_t pool_export_pointer(void* p, ipc_pointer_data* out) override {
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
+    relaxed_capture_guard relaxed;
     cudaMemPoolPtrExportData data{};
     ARCPOOL_RETURN_IF_ERROR(check(cudaMemPoolExportPointer(&data, p), "cudaMemPoolExportPointer"));
     static_assert(sizeof data == sizeof out->bytes, "cudaMemPoolPtrExportData is 64 bytes");
@@ -657,6 +665,7 @@ class cuda_driver final : public driver {
                                   void** out) override {
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
+    relaxed_capture_guard relaxed;
     cudaMemPoolPtrExportData export_data{};
     std::memcpy(&export_data, data.bytes, sizeof export_data);
     return check(cudaMemPoolImportPointer(out, static_cast<cudaMemPool_t>(pool), &export_data),
@@ -667,6 +676,7 @@ class cuda_driver final : public driver {
     if (process_exiting()) return ARCPOOL_STATUS_SUCCESS;  // the process gives it all back
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
+    relaxed_capture_guard relaxed;
     return check(cudaFreeAsync(p, cu(s)), "cudaFreeAsync (imported)");
   }
 

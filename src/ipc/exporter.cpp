@@ -112,18 +112,19 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
   message m;
   m.kind = message_kind::allocation;
   m.size = placement.size;
-  ARCPOOL_RETURN_IF_ERROR(drv_.pool_export_pointer(data, &m.pointer));
   // The importer's first use waits on this event, recorded after the work queued so far on
   // every stream the allocation may be used on, its writes included (cudaMemPoolImportPointer:
   // "The imported memory must not be accessed before the allocation operation completes in the
   // exporting process"): on its current stream, or on the send stream once that waited on them
   // all. Recorded during a capture, a fence would be a node of the graph, which runs later and
   // at every launch, not a record of the work queued so far: refused then, as for a current
-  // stream no fence taken here covers.
+  // stream no fence taken here covers. Refused before the export, which a capture on this
+  // thread would break (bench/results/2026-12-04-h200).
   sent s{a, {}};
   ARCPOOL_RETURN_IF_ERROR(events_.take(&s.event));
   arcpool_status_t status =
       record.owner.record_after_uses(record, s.event.event, send_stream_, "arcpool_ipc_send");
+  if (status == ARCPOOL_STATUS_SUCCESS) status = drv_.pool_export_pointer(data, &m.pointer);
   if (status == ARCPOOL_STATUS_SUCCESS) status = arcpool_allocation_preserve(a);
   if (status != ARCPOOL_STATUS_SUCCESS) {
     events_.give_back(s.event);

@@ -65,15 +65,12 @@ class RmmResource(unittest.TestCase):
 
     def test_a_failure_other_than_out_of_memory_is_no_memory_error(self):
         # RMM turns a MemoryError into rmm::out_of_memory, on which its failure-callback
-        # adaptors (cuDF's spilling) free memory and retry: a bad stream is not that.
-        from rmm.pylibrmm.stream import Stream
-
-        class NoStream:  # the CUDA stream protocol, naming no stream
-            def __cuda_stream__(self):
-                return (0, 0x1234)
+        # adaptors (cuDF's spilling) free memory and retry: a bad device is not that. (Not a bad
+        # stream handle: real CUDA dereferences one, and the process crashed on an H200.)
+        import arcpool.rmm as ar
 
         with self.assertRaises(RuntimeError) as caught:
-            self.mr.allocate(4096, Stream(NoStream()))
+            ar.memory_resource(device=-1).allocate(4096)
         self.assertNotIsInstance(caught.exception, MemoryError)
         self.assertIn("ARCPOOL_STATUS_INVALID_ARGUMENT", str(caught.exception))
 

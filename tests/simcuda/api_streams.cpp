@@ -247,7 +247,13 @@ cudaError_t stream_end_capture(cudaStream_t handle, cudaGraph_t* graph, bool ptd
   // cudaErrorStreamCaptureWrongThread: "A stream capture sequence not initiated with the
   // cudaStreamCaptureModeRelaxed argument to cudaStreamBeginCapture was passed to
   // cudaStreamEndCapture in a different thread."
+  // The refused end still ends the sequence, its graph dropped: on an H200 (CUDA 13.0, driver
+  // 580.159.04; bench/results/2026-12-04-h200) the stream captured no more afterwards, and its
+  // own thread's end answered cudaErrorIllegalState.
   if (c.mode != cudaStreamCaptureModeRelaxed && c.thread != std::this_thread::get_id()) {
+    graph_obj* g = c.graph;
+    end_capture_sequence(c);
+    drop_graph(*g);
     return ret(cudaErrorStreamCaptureWrongThread);
   }
   // cudaStreamEndCapture: "If the capture was invalidated, due to a violation of the rules of

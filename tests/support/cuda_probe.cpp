@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "support/driver_entry_point.hpp"
 #include "support/stream_probe.hpp"
 
 namespace arcpool::test {
@@ -19,22 +20,25 @@ const bool kOwnQueues = setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=
 // test binaries do not need libcuda.so on machines without a GPU.
 using stream_value_fn = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-stream_value_fn driver_entry_point(const char* symbol) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  EXPECT_EQ(cudaSuccess,
-            cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found));
-  EXPECT_EQ(cudaDriverEntryPointSuccess, found) << symbol;
-  return reinterpret_cast<stream_value_fn>(fn);
+/// Makes the thread's device's primary context current when the thread has none: a driver API
+/// call on a thread that made no runtime call yet fails with CUDA_ERROR_INVALID_CONTEXT (seen on
+/// an H200, bench/results/2026-12-04-h200), where a runtime call would have made it current.
+void ensure_current_context() {
+  if (current_context() != nullptr) return;
+  int device = 0;
+  EXPECT_EQ(cudaSuccess, cudaGetDevice(&device));
+  EXPECT_EQ(cudaSuccess, cudaSetDevice(device));
 }
 
 CUresult stream_wait_value(CUstream s, CUdeviceptr address, cuuint32_t value, unsigned flags) {
-  static const stream_value_fn fn = driver_entry_point("cuStreamWaitValue32");
+  static const auto fn = driver_function<stream_value_fn>("cuStreamWaitValue32");
+  ensure_current_context();
   return fn != nullptr ? fn(s, address, value, flags) : CUDA_ERROR_NOT_FOUND;
 }
 
 CUresult stream_write_value(CUstream s, CUdeviceptr address, cuuint32_t value, unsigned flags) {
-  static const stream_value_fn fn = driver_entry_point("cuStreamWriteValue32");
+  static const auto fn = driver_function<stream_value_fn>("cuStreamWriteValue32");
+  ensure_current_context();
   return fn != nullptr ? fn(s, address, value, flags) : CUDA_ERROR_NOT_FOUND;
 }
 

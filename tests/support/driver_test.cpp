@@ -80,6 +80,21 @@ void DriverTest::SetUp() {
 
 void DriverTest::TearDown() {
   if (alloc_ == nullptr) return;
+  // A test that failed in a capture left it open: ended here, or every later test of the binary
+  // fails by the capture's rules (a thread-local or global capture refuses this thread's
+  // potentially unsafe calls: cudaStreamBeginCapture).
+  for (const auto* list : {&streams_, &app_streams_}) {
+    for (arcpool_stream_t s : *list) {
+      bool capturing = false;
+      if (core().drv().stream_is_capturing(s, &capturing) != ARCPOOL_STATUS_SUCCESS || !capturing) {
+        continue;
+      }
+      ADD_FAILURE() << "stream " << s << " was left capturing: the capture is ended";
+      cudaGraph_t graph = nullptr;
+      cudaStreamEndCapture(reinterpret_cast<cudaStream_t>(s), &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+    }
+  }
   for (auto& g : gates_)
     g->open();
   for (const exported_block& b : exported_)
