@@ -241,11 +241,23 @@ void DriverTest::finish_reclaims() {
 }
 
 void DriverTest::run_unheld(std::initializer_list<arcpool_stream_t> unheld) {
-  for (arcpool_stream_t s : unheld)
-    sync(s);
+  // A stream that waits for a held one (a false dependency) fails here: a bare synchronization
+  // of it would hang the test until the harness's timeout.
+  const auto drain = [&] {
+    for (arcpool_stream_t s : unheld) {
+      const std::shared_ptr<marker> end = mark(s);
+      settle(s);
+      if (!end->reached()) {
+        ADD_FAILURE() << "stream " << s << " waits for a held stream";
+        return false;
+      }
+      sync(s);
+    }
+    return true;
+  };
+  if (!drain()) return;
   core().reclaim_poll_once();
-  for (arcpool_stream_t s : unheld)
-    sync(s);
+  drain();
 }
 
 void DriverTest::expect_pending(size_t items, uint64_t pending_bytes, uint64_t frees) {

@@ -153,6 +153,8 @@ class DriverTest : public ::testing::TestWithParam<driver_param> {
   /// that is still pending can only be waiting for a held stream: the test then asserts what is
   /// pending (expect_pending) and what the pool holds, which tells "not done yet" from "already
   /// freed too early" (a bare `reclaim_poll_once() == 0` cannot: the worker may have freed it).
+  /// A stream of `unheld` that waits for a held one fails the test (a marker it does not reach
+  /// once settled) instead of hanging it in a synchronization.
   void run_unheld(std::initializer_list<arcpool_stream_t> unheld);
 
   /// Expects `items` deferred frees still queued on the reclaimer, `pending_bytes` of pool
