@@ -9,7 +9,7 @@
 // earlier allocation freed during the capture), replays it, and destroys it (docs/graphs.md).
 // --no-imports leaves out the imports of foreign memory, whose frees (the program's on_free) are
 // ordered by the host, not by stream order: compute-sanitizer's --track-stream-ordered-races
-// reports each such free as a use after free (bench/results/2026-12-04-h200).
+// reported such frees as uses after free (bench/results/2026-12-04-h200).
 // On a terminal a progress line (operations, rate, time left) is drawn on standard error.
 #include <algorithm>
 #include <atomic>

@@ -25,8 +25,8 @@ reclaimer::reclaimer(driver& drv, event_pool& events, stats& counters, history& 
 arcpool_status_t reclaimer::free_on(reclaim_item& item, stream_handle s) {
   // The fences completed (a query or a synchronization saw them), so these waits cost the GPU
   // nothing; they put the free after the uses in stream order too, where tools that follow only
-  // stream order see it: compute-sanitizer's --track-stream-ordered-races reported every such
-  // free as a use after free without them (bench/results/2026-12-04-h200).
+  // stream order see it: without them, compute-sanitizer's --track-stream-ordered-races reported
+  // such frees as uses after free (all 100 it printed; bench/results/2026-12-04-h200).
   for (const fence_ref& f : item.fences)
     ARCPOOL_RETURN_IF_ERROR(driver_.stream_wait_event(s, f->event()));
   if (before_free_ != nullptr) before_free_(item.pointer, item.bytes, s, before_free_user_data_);
