@@ -133,6 +133,19 @@ TEST_F(Capture, EndingAThreadLocalCaptureFromAnotherThreadIsRefused) {
   cudaStreamDestroy(s);
 }
 
+cudaMemPool_t make_pool(size_t max_size,
+                        cudaMemAllocationHandleType handle_types = cudaMemHandleTypeNone) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  props.maxSize = max_size;
+  props.handleTypes = handle_types;
+  cudaMemPool_t pool = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaMemPoolCreate(&pool, &props));
+  return pool;
+}
+
 /// Expects `result` (of a call made while `s` captured in thread-local mode) to be a refused
 /// potentially unsafe call that invalidated the capture, then ends the capture.
 void expect_unsafe_then_end(cudaError_t result, cudaStream_t s) {
@@ -192,13 +205,8 @@ TEST_F(Capture, APoolFreeOnAnotherStreamIsUnsafe) {
 // arcpool's exporter, relaxed, exported during a capture of the allocation's own stream: not
 // understood, so arcpool refuses a send before it exports, and this test checks only the rule.
 TEST_F(Capture, ExportingAPointerIsUnsafe) {
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = 0;
-  props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
-  cudaMemPool_t pool = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaMemPoolCreate(&pool, &props));
+  cudaMemPool_t pool = make_pool(0, cudaMemHandleTypePosixFileDescriptor);
+  ASSERT_NE(nullptr, pool);
   cudaStream_t s = make_stream(), t = make_stream();
   void* p = nullptr;
   ASSERT_EQ(cudaSuccess, cudaMallocFromPoolAsync(&p, 1 << 20, pool, t));
@@ -283,19 +291,6 @@ TEST_F(Capture, AWaitThatWouldMergeTwoCapturesFails) {
   captured_event c(/*capture_t=*/true);
   EXPECT_EQ(cudaErrorStreamCaptureMerge, cudaStreamWaitEvent(c.t, c.e, 0));
   cudaGetLastError();
-}
-
-cudaMemPool_t make_pool(size_t max_size,
-                        cudaMemAllocationHandleType handle_types = cudaMemHandleTypeNone) {
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = 0;
-  props.maxSize = max_size;
-  props.handleTypes = handle_types;
-  cudaMemPool_t pool = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaMemPoolCreate(&pool, &props));
-  return pool;
 }
 
 uint64_t attribute(cudaMemPool_t pool, cudaMemPoolAttr attr) {

@@ -386,7 +386,7 @@ cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t* pool_out, void* 
 cudaError_t cudaMemPoolExportPointer(cudaMemPoolPtrExportData* data, void* p) {
   SIMCUDA_ENTER("cudaMemPoolExportPointer");
   if (data == nullptr) return ret(cudaErrorInvalidValue);
-  if (refuse_unsafe_pool_call()) return ret(cudaErrorStreamCaptureUnsupported);
+  if (refuse_unsafe_call()) return ret(cudaErrorStreamCaptureUnsupported);  // see malloc_async
   auto it = r.live.find(reinterpret_cast<uintptr_t>(p));
   if (it == r.live.end() || it->second->pool == nullptr || it->second->pool->imported ||
       it->second->pool->handle_types == 0) {

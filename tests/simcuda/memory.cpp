@@ -457,11 +457,7 @@ cudaError_t capture_free(stream_obj& s, uintptr_t base) {
 
 }  // namespace
 
-bool simcuda::refuse_unsafe_pool_call() {
-  // Not in the Runtime API's words: on an H200 (CUDA 13.0, driver 580.159.04;
-  // bench/results/2026-12-04-h200) an allocation or a free in a pool on a stream that is not
-  // capturing, and cudaMemPoolExportPointer, were potentially unsafe calls: refused with
-  // cudaErrorStreamCaptureUnsupported while a capture prohibited them, which invalidated it.
+bool simcuda::refuse_unsafe_call() {
   if (!unsafe_prohibited()) return false;
   invalidate_prohibiting_captures();
   return true;
@@ -489,7 +485,11 @@ cudaError_t malloc_async(void** out, size_t bytes, cudaMemPool_t handle, cudaStr
     if (pool->handle_types != 0) return ret(cudaErrorInvalidValue);
     return ret(capture_allocation(*s, bytes, call, out));
   }
-  if (refuse_unsafe_pool_call()) return ret(cudaErrorStreamCaptureUnsupported);
+  // Not in the Runtime API's words: on an H200 (CUDA 13.0, driver 580.159.04;
+  // bench/results/2026-12-04-h200) an allocation or a free in a pool on a stream that is not
+  // capturing, and cudaMemPoolExportPointer, were potentially unsafe calls: refused with
+  // cudaErrorStreamCaptureUnsupported while a capture prohibited them, which invalidated it.
+  if (refuse_unsafe_call()) return ret(cudaErrorStreamCaptureUnsupported);
   cudaError_t e = cudaSuccess;
   if (capture_node(*s, call, &e)) return ret(e);
   return ret(pool_allocate(*pool, bytes, *s, call, out));
@@ -501,7 +501,7 @@ cudaError_t free_async(void* p, cudaStream_t stream, bool ptds) {
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
   const auto base = reinterpret_cast<uintptr_t>(p);
   if (s->capture != nullptr) return ret(capture_free(*s, base));
-  if (refuse_unsafe_pool_call()) return ret(cudaErrorStreamCaptureUnsupported);
+  if (refuse_unsafe_call()) return ret(cudaErrorStreamCaptureUnsupported);  // see malloc_async
   auto it = r.live.find(base);
   if (it != r.live.end() && it->second->graph_mem != nullptr) {
     // cudaGraphAddMemAllocNode: "Allocations which are not freed in the same graph can be freed
@@ -600,10 +600,7 @@ cudaError_t cudaMalloc(void** out, size_t bytes) {
   if (out == nullptr) return ret(cudaErrorInvalidValue);
   // cudaThreadExchangeStreamCaptureMode: "During stream capture (see cudaStreamBeginCapture),
   // some actions, such as a call to cudaMalloc, may be unsafe."
-  if (unsafe_prohibited()) {
-    invalidate_prohibiting_captures();
-    return ret(cudaErrorStreamCaptureUnsupported);
-  }
+  if (refuse_unsafe_call()) return ret(cudaErrorStreamCaptureUnsupported);
   device_obj& d = context_device();
   if (r.cfg.oom_after_allocations >= 0 && r.allocations++ >= r.cfg.oom_after_allocations) {
     return ret(cudaErrorMemoryAllocation);

@@ -446,9 +446,10 @@ void check_unsafe_unverified(const char* call);
 bool unsafe_prohibited();
 /// Invalidates the captures that prohibit this thread's unsafe call.
 void invalidate_prohibiting_captures();
-/// For a pool call on a stream that is not capturing (an allocation, a free, an export): true,
-/// with the prohibiting captures invalidated, when this thread's capture mode prohibits it.
-bool refuse_unsafe_pool_call();
+/// For a potentially unsafe call (cudaMalloc; a pool allocation or free on a stream that is not
+/// capturing; a pointer export): true, with the prohibiting captures invalidated, when this
+/// thread's capture mode prohibits it; the call then answers cudaErrorStreamCaptureUnsupported.
+bool refuse_unsafe_call();
 /// Whether a blocking stream of `d` is capturing (the legacy stream is then unusable).
 capture_obj* blocking_capture_on(device_obj& d);
 /// The capture `e` was last recorded in while it has not ended, else null.
