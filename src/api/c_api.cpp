@@ -1,91 +1,31 @@
 // The C API: the one choke point. Each entry validates its arguments, then calls the model.
-// No exception crosses it.
+// No exception crosses it. This file: allocators, streams, allocations and graph pools; the
+// by-pointer entry points are c_api_by_pointer.cpp, the statistics c_api_stats.cpp, IPC
+// ipc_api.cpp.
 #include <cstddef>
 #include <cstring>
-#include <new>
-#include <type_traits>
-#include <vector>
 
-#include "api/default_allocators.hpp"
+#include "api/entry.hpp"
 #include "core/allocation.hpp"
 #include "core/allocator.hpp"
 #include "core/graph_pool.hpp"
-#include "core/pointer_map.hpp"
-#include "observe/nvtx.hpp"
 #include "support/status.hpp"
 
 using arcpool::detail::allocation;
 using arcpool::detail::allocator;
 using arcpool::detail::fail;
 using arcpool::detail::from_handle;
+using arcpool::detail::api::guarded;
+using arcpool::detail::api::null_argument;
+using arcpool::detail::api::traced;
 namespace nvtx = arcpool::detail::nvtx;
+using arcpool::detail::api::copy_versioned;
 
 namespace {
-
-/// Runs `body` and turns an escaping exception into a status.
-template <class F>
-[[gnu::always_inline]] inline arcpool_status_t guarded(F&& body) noexcept {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "host memory exhausted");
-  } catch (const std::exception& e) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "internal error: %s", e.what());
-  }
-}
-
-/// Runs `body(args...)` guarded, inside an NVTX range of `kind` when a tool is attached. The
-/// range, and the first use's decision whether a tool is attached, are out of line: without a
-/// tool an entry point pays one load and a branch for them (design.md §11). `body` captures
-/// nothing and is handed its arguments, so that they stay in registers on the way without a
-/// tool (a capturing lambda would be built in memory before the test).
-template <class F, class... Args>
-[[gnu::noinline]] arcpool_status_t traced_in_range(nvtx::op kind, size_t bytes,
-                                                   arcpool_stream_t stream, F body,
-                                                   Args... args) noexcept {
-  nvtx::range range(kind, bytes, stream);  // pushes nothing when the decision was "no tool"
-  return guarded([&] { return body(args...); });
-}
-template <class F, class... Args>
-[[gnu::always_inline]] inline arcpool_status_t traced(nvtx::op kind, size_t bytes,
-                                                      arcpool_stream_t stream, F body,
-                                                      Args... args) noexcept {
-  static_assert(std::is_empty_v<F>, "a traced body captures nothing: pass its arguments");
-  if (nvtx::maybe_enabled()) return traced_in_range(kind, bytes, stream, body, args...);
-  return guarded([&] { return body(args...); });
-}
-
-arcpool_status_t null_argument(const char* function, const char* argument) {
-  return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", function, argument);
-}
-
-#define ARCPOOL_REQUIRE_ARG(arg) \
-  if ((arg) == nullptr) return null_argument(__func__, #arg)
-
-/// Copies the prefix of `full` that the caller's struct (of `struct_size` bytes) has room for,
-/// keeping the caller's struct_size and version.
-template <class T>
-arcpool_status_t copy_versioned(const T& full, T* out, const char* function) {
-  constexpr size_t kHeader = offsetof(T, version) + sizeof(uint32_t);
-  const size_t size = out->struct_size;
-  if (size < kHeader) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "%s: struct_size %zu is too small", function,
-                size);
-  }
-  const size_t n = size < sizeof(T) ? size : sizeof(T);
-  std::memcpy(reinterpret_cast<char*>(out) + kHeader,
-              reinterpret_cast<const char*>(&full) + kHeader, n - kHeader);
-  return ARCPOOL_STATUS_SUCCESS;
-}
 
 allocation& record_of(arcpool_allocation_t* handle) {
   return *handle->record;
 }
-
-/// allocator::free_by_pointer as a traced body.
-constexpr auto free_by_pointer = [](void* p, arcpool_stream_t s, int device) {
-  return allocator::free_by_pointer(p, s, device);
-};
 
 }  // namespace
 
@@ -431,145 +371,6 @@ arcpool_status_t arcpool_import(arcpool_allocator_t* allocator, void* pointer, s
       from_handle(allocator), pointer, size, stream, flags, on_free, user_data, out_allocation);
 }
 
-// --- Raw-pointer entry points ----------------------------------------------------------------
-
-arcpool_status_t arcpool_default_allocator_set(int device, arcpool_allocator_t* allocator) {
-  return guarded([&] {
-    return arcpool::detail::set_default_allocator(
-        device, allocator == nullptr ? nullptr : from_handle(allocator));
-  });
-}
-
-arcpool_status_t arcpool_default_allocator_get(int device, arcpool_allocator_t** out_allocator) {
-  ARCPOOL_REQUIRE_ARG(out_allocator);
-  return guarded([&] {
-    arcpool::detail::allocator* a = nullptr;
-    ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a));
-    *out_allocator = arcpool::detail::to_handle(a);
-    a->release();  // borrowed from the table, which keeps its own reference until replaced
-    return ARCPOOL_STATUS_SUCCESS;
-  });
-}
-
-arcpool_status_t arcpool_default_allocator_find(int device, arcpool_allocator_t** out_allocator) {
-  ARCPOOL_REQUIRE_ARG(out_allocator);
-  return guarded([&] {
-    arcpool::detail::allocator* a = nullptr;
-    ARCPOOL_RETURN_IF_ERROR(arcpool::detail::default_allocator(device, &a, /*create=*/false));
-    *out_allocator = a == nullptr ? nullptr : arcpool::detail::to_handle(a);
-    if (a != nullptr) a->release();  // borrowed, as arcpool_default_allocator_get's
-    return ARCPOOL_STATUS_SUCCESS;
-  });
-}
-
-void* arcpool_malloc_async(size_t size, int device, arcpool_stream_t stream) {
-  if (size == 0) return nullptr;
-  void* data = nullptr;
-  traced(
-      nvtx::op::allocate, size, stream,
-      [](size_t n, int d, arcpool_stream_t s, void** out) {
-        return arcpool::detail::with_default_allocator(
-            d, [&](arcpool::detail::allocator& a) { return a.malloc_by_pointer(n, 0, s, out); });
-      },
-      size, device, stream, &data);
-  return data;
-}
-
-arcpool_status_t arcpool_free_async(void* pointer, size_t, int device, arcpool_stream_t stream) {
-  if (pointer == nullptr) return ARCPOOL_STATUS_SUCCESS;
-  // A negative device is free_by_pointer's "any device" (arcpool_allocator_free_async's): a
-  // caller's is refused, as arcpool_malloc_async refuses it, with nothing freed.
-  if (device < 0) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "free of %p on device %d: no such device", pointer,
-                device);
-  }
-  return traced(nvtx::op::deallocate, 0, stream, free_by_pointer, pointer, stream, device);
-}
-
-arcpool_status_t arcpool_record_stream(void* pointer, arcpool_stream_t stream) {
-  return arcpool_record_stream_with_flags(pointer, stream, 0);
-}
-
-arcpool_status_t arcpool_record_stream_with_flags(void* pointer, arcpool_stream_t stream,
-                                                  uint32_t flags) {
-  ARCPOOL_REQUIRE_ARG(pointer);
-  return traced(
-      nvtx::op::record_use, 0, stream,
-      [](void* p, arcpool_stream_t s, uint32_t f) {
-        allocation* a = arcpool::detail::by_pointer_allocations().find(p);
-        if (a == nullptr) {
-          return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
-                      "record_stream of %p: no live by-pointer allocation contains it", p);
-        }
-        const arcpool_status_t status = a->owner.record_use(*a, s, f);
-        a->release();
-        return status;
-      },
-      pointer, stream, flags);
-}
-
-arcpool_status_t arcpool_allocator_malloc_async(arcpool_allocator_t* allocator, size_t size,
-                                                size_t alignment, arcpool_stream_t stream,
-                                                void** out_pointer) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  ARCPOOL_REQUIRE_ARG(out_pointer);
-  return traced(
-      nvtx::op::allocate, size, stream,
-      [](arcpool::detail::allocator* a, size_t n, size_t align, arcpool_stream_t s, void** out) {
-        return a->malloc_by_pointer(n, align, s, out);
-      },
-      from_handle(allocator), size, alignment, stream, out_pointer);
-}
-
-arcpool_status_t arcpool_allocator_free_async(arcpool_allocator_t* allocator, void* pointer,
-                                              arcpool_stream_t stream) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  return traced(nvtx::op::deallocate, 0, stream, free_by_pointer, pointer, stream, -1);
-}
-
-arcpool_status_t arcpool_allocator_set_hard_limit(arcpool_allocator_t* allocator, size_t bytes) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  from_handle(allocator)->set_hard_limit(bytes);
-  return ARCPOOL_STATUS_SUCCESS;
-}
-
-arcpool_status_t arcpool_allocator_device_memory(const arcpool_allocator_t* allocator,
-                                                 size_t* out_bytes) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  ARCPOOL_REQUIRE_ARG(out_bytes);
-  return guarded([&] { return from_handle(allocator)->drv().device_memory(out_bytes); });
-}
-
-arcpool_status_t arcpool_allocator_set_ambient_stream(arcpool_allocator_t* allocator,
-                                                      arcpool_ambient_policy_t policy,
-                                                      arcpool_stream_t stream) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  int raw = 0;
-  std::memcpy(&raw, &policy, sizeof(raw));  // a C caller may pass any integer
-  if (raw < ARCPOOL_AMBIENT_LEGACY_DEFAULT || raw > ARCPOOL_AMBIENT_SYNCHRONIZE) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "ambient policy %d", raw);
-  }
-  return guarded([&] { return from_handle(allocator)->set_ambient(policy, stream); });
-}
-
-arcpool_status_t arcpool_ambient_malloc(arcpool_allocator_t* allocator, size_t size,
-                                        void** out_pointer) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  ARCPOOL_REQUIRE_ARG(out_pointer);
-  return traced(
-      nvtx::op::allocate, size, nullptr,
-      [](arcpool::detail::allocator* a, size_t n, void** out) { return a->ambient_malloc(n, out); },
-      from_handle(allocator), size, out_pointer);
-}
-
-arcpool_status_t arcpool_ambient_free(arcpool_allocator_t* allocator, void* pointer) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  return traced(
-      nvtx::op::deallocate, 0, nullptr,
-      [](arcpool::detail::allocator* a, void* p) { return a->ambient_free(p); },
-      from_handle(allocator), pointer);
-}
-
 // --- Graph pools -----------------------------------------------------------------------------
 
 arcpool_status_t arcpool_graph_pool_create(arcpool_allocator_t* allocator,
@@ -604,90 +405,6 @@ arcpool_status_t arcpool_graph_pool_end(arcpool_graph_pool_t* pool, arcpool_stre
 arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* pool) {
   if (pool != nullptr) arcpool::detail::graph_pool::from(pool)->release();
   return ARCPOOL_STATUS_SUCCESS;
-}
-
-// --- Statistics ------------------------------------------------------------------------------
-
-arcpool_status_t arcpool_stats_get(const arcpool_allocator_t* allocator,
-                                   arcpool_stats_t* out_stats) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  ARCPOOL_REQUIRE_ARG(out_stats);
-  arcpool_stats_t full{};
-  from_handle(allocator)->read_stats(&full);
-  return copy_versioned(full, out_stats, __func__);
-}
-
-arcpool_status_t arcpool_stats_reset_peaks(arcpool_allocator_t* allocator) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  from_handle(allocator)->reset_peaks();
-  return ARCPOOL_STATUS_SUCCESS;
-}
-
-arcpool_status_t arcpool_stream_stats_list(const arcpool_allocator_t* allocator,
-                                           arcpool_stream_stats_t* rows, size_t row_size,
-                                           size_t capacity, size_t* out_count) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  ARCPOOL_REQUIRE_ARG(out_count);
-  if (rows == nullptr && capacity != 0) return null_argument(__func__, "rows");
-  constexpr size_t kStreamFields = offsetof(arcpool_stream_stats_t, bytes_in_use_current);
-  if (row_size < kStreamFields) {
-    return fail(
-        ARCPOOL_STATUS_INVALID_ARGUMENT,
-        "arcpool_stream_stats_list: row_size %zu is smaller than the stream fields (%zu bytes)",
-        row_size, kStreamFields);
-  }
-  *out_count = from_handle(allocator)->read_stream_stats(rows, row_size, capacity);
-  return ARCPOOL_STATUS_SUCCESS;
-}
-
-arcpool_status_t arcpool_stats_json(const arcpool_allocator_t* allocator, char* buffer,
-                                    size_t capacity, size_t* out_length) {
-  if (buffer == nullptr && capacity != 0) return null_argument(__func__, "buffer");
-  return guarded([&] {
-    arcpool_stats_t s{};
-    std::vector<arcpool_stream_stats_t> rows(arcpool::detail::stream_stats_table::kRows + 1);
-    if (allocator != nullptr) {
-      from_handle(allocator)->read_stats(&s);
-      rows.resize(
-          from_handle(allocator)->read_stream_stats(rows.data(), sizeof(rows[0]), rows.size()));
-    } else {  // an allocator that has done nothing: its other-streams row alone
-      rows.resize(1);
-      rows[0].other = 1;
-    }
-    const std::string json = arcpool::detail::stats_to_json(s, rows);
-    if (out_length != nullptr) *out_length = json.size();
-    if (capacity > 0) {
-      const size_t n = json.size() < capacity - 1 ? json.size() : capacity - 1;
-      std::memcpy(buffer, json.data(), n);
-      buffer[n] = '\0';
-    }
-    return ARCPOOL_STATUS_SUCCESS;
-  });
-}
-
-arcpool_status_t arcpool_memory_snapshot(const arcpool_allocator_t* allocator, void* buffer,
-                                         size_t capacity, size_t* out_size) {
-  ARCPOOL_REQUIRE_ARG(allocator);
-  ARCPOOL_REQUIRE_ARG(out_size);
-  if (buffer == nullptr && capacity != 0) return null_argument(__func__, "buffer");
-  return guarded([&] {
-    const auto& a = *from_handle(allocator);
-    if (!a.memory_history().enabled()) {
-      return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                  "memory snapshot: the allocator records no history (create it "
-                  "with history_entries, or with ARCPOOL_HISTORY=N set)");
-    }
-    const std::string snapshot = a.memory_history().snapshot_pickle(a.drv().device());
-    *out_size = snapshot.size();
-    if (capacity == 0) return ARCPOOL_STATUS_SUCCESS;
-    if (capacity < snapshot.size()) {
-      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
-                  "memory snapshot: a buffer of %zu bytes for a snapshot of %zu", capacity,
-                  snapshot.size());
-    }
-    std::memcpy(buffer, snapshot.data(), snapshot.size());
-    return ARCPOOL_STATUS_SUCCESS;
-  });
 }
 
 }  // extern "C"

@@ -1,6 +1,7 @@
 // The C API of arcpool/ipc.h: argument checks, then the exporter and importer (src/ipc/).
 #include <new>
 
+#include "api/entry.hpp"
 #include "arcpool/ipc.h"
 #include "core/allocator.hpp"
 #include "ipc/exporter.hpp"
@@ -8,6 +9,7 @@
 #include "support/status.hpp"
 
 using arcpool::detail::fail;
+using arcpool::detail::api::null_argument;
 using arcpool::detail::ipc::exporter;
 using arcpool::detail::ipc::importer;
 
@@ -19,10 +21,6 @@ struct arcpool_ipc_importer {
 };
 
 namespace {
-
-arcpool_status_t null_argument(const char* function, const char* argument) {
-  return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "%s: %s is NULL", function, argument);
-}
 
 arcpool_status_t bad_socket(const char* function, int fd) {
   return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,

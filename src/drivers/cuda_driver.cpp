@@ -1,12 +1,16 @@
 // The CUDA driver: the product. Streams, timing-disabled events, a cudaMemPool_t (owned with
-// arcpool's settings, or adopted) and host functions, each call on the allocator's device.
+// arcpool's settings, or adopted) and host functions, each call on the allocator's device. Its
+// runtime-call helpers are cuda_calls.hpp, the owned pool's setup cuda_pools.cpp.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <string>
 
+#include "drivers/cuda_calls.hpp"
+#include "drivers/cuda_pools.hpp"
 #include "drivers/driver.hpp"
 #include "support/process_exit.hpp"
 #include "support/status.hpp"
@@ -14,217 +18,16 @@
 namespace arcpool::detail {
 namespace {
 
-/// Maps a CUDA result to a status, naming the call and the CUDA error; clears the runtime's
-/// per-thread last error so the application's own checks do not see ours.
-arcpool_status_t check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return ARCPOOL_STATUS_SUCCESS;
-  cudaGetLastError();
-  if (e == cudaErrorCudartUnloading) mark_process_exiting();
-  arcpool_status_t status = ARCPOOL_STATUS_CUDA_ERROR;
-  if (e == cudaErrorMemoryAllocation) status = ARCPOOL_STATUS_OUT_OF_MEMORY;
-  if (e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
-      e == cudaErrorStreamCaptureImplicit || e == cudaErrorCapturedEvent ||
-      e == cudaErrorStreamCaptureWrongThread || e == cudaErrorStreamCaptureIsolation ||
-      e == cudaErrorStreamCaptureMerge || e == cudaErrorStreamCaptureUnmatched ||
-      e == cudaErrorStreamCaptureUnjoined) {
-    status = ARCPOOL_STATUS_UNSUPPORTED;
-  }
-  return fail(status, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-}
+using cuda::check;
+using cuda::context_api;
+using cuda::cu;
+using cuda::device_guard;
+using cuda::discard;
+using cuda::exiting;
+using cuda::primary_context;
+using cuda::relaxed_capture_guard;
 
-/// A call whose failure arcpool cannot act on (destroying, releasing, restoring): its error is
-/// arcpool's, so it is cleared from the thread's last error, and an unloading runtime marks the
-/// process as exiting, as check() does.
-void discard(cudaError_t e) {
-  if (e == cudaSuccess) return;
-  cudaGetLastError();
-  if (e == cudaErrorCudartUnloading) mark_process_exiting();
-}
-
-/// The driver API's context functions, reached through the runtime
-/// (cudaGetDriverEntryPointByVersion), so that arcpool links no libcuda. Null members when the
-/// runtime does not provide them.
-struct context_functions {
-  CUresult(CUDAAPI* get_current)(CUcontext*) = nullptr;
-  CUresult(CUDAAPI* set_current)(CUcontext) = nullptr;
-  CUresult(CUDAAPI* device_get)(CUdevice*, int) = nullptr;
-  CUresult(CUDAAPI* primary_retain)(CUcontext*, CUdevice) = nullptr;
-  CUresult(CUDAAPI* primary_release)(CUdevice) = nullptr;
-  CUresult(CUDAAPI* stream_get_context)(CUstream, CUcontext*) = nullptr;
-
-  bool complete() const noexcept {
-    return get_current != nullptr && set_current != nullptr && device_get != nullptr &&
-           primary_retain != nullptr && primary_release != nullptr && stream_get_context != nullptr;
-  }
-};
-
-const context_functions& context_api() {
-  static const context_functions api = [] {
-    context_functions f;
-    // A failed lookup sets this thread's last error: that one is cleared, and only that one,
-    // so that an application error nobody has read yet survives arcpool's first call.
-    auto lookup = [](const char* symbol) -> void* {
-      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-      void* fn = nullptr;
-      const cudaError_t e =
-          cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found);
-      if (e != cudaSuccess) cudaGetLastError();
-      return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? fn : nullptr;
-    };
-    f.get_current = reinterpret_cast<decltype(f.get_current)>(lookup("cuCtxGetCurrent"));
-    f.set_current = reinterpret_cast<decltype(f.set_current)>(lookup("cuCtxSetCurrent"));
-    f.device_get = reinterpret_cast<decltype(f.device_get)>(lookup("cuDeviceGet"));
-    f.primary_retain =
-        reinterpret_cast<decltype(f.primary_retain)>(lookup("cuDevicePrimaryCtxRetain"));
-    f.primary_release =
-        reinterpret_cast<decltype(f.primary_release)>(lookup("cuDevicePrimaryCtxRelease"));
-    f.stream_get_context =
-        reinterpret_cast<decltype(f.stream_get_context)>(lookup("cuStreamGetCtx"));
-    return f;
-  }();
-  return api;
-}
-
-/// One retain of a device's primary context (cuDevicePrimaryCtxRetain), held for an
-/// allocator's life and given back when it ends, unless the process is exiting. The retain makes
-/// no context current and leaves the runtime's own per-thread device alone.
-class primary_context {
- public:
-  /// Retains `device`'s primary context; a failure is status(), with a message.
-  explicit primary_context(int device) {
-    const context_functions& api = context_api();
-    if (!api.complete()) {
-      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
-                     "the runtime gives no cuCtxGetCurrent / cuCtxSetCurrent / cuDeviceGet / "
-                     "cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease / cuStreamGetCtx "
-                     "entry point");
-      return;
-    }
-    if (const CUresult r = api.device_get(&device_, device); r != CUDA_SUCCESS) {
-      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDeviceGet(%d) failed: CUresult %d", device,
-                     static_cast<int>(r));
-      return;
-    }
-    if (const CUresult r = api.primary_retain(&context_, device_); r != CUDA_SUCCESS) {
-      context_ = nullptr;
-      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDevicePrimaryCtxRetain(%d) failed: CUresult %d",
-                     device, static_cast<int>(r));
-    }
-  }
-  ~primary_context() {
-    if (context_ != nullptr && !process_exiting()) context_api().primary_release(device_);
-  }
-  primary_context(const primary_context&) = delete;
-  primary_context& operator=(const primary_context&) = delete;
-
-  /// SUCCESS once retained.
-  arcpool_status_t status() const noexcept { return status_; }
-  /// The context (null when the retain failed).
-  CUcontext get() const noexcept { return context_; }
-
- private:
-  CUdevice device_ = 0;
-  CUcontext context_ = nullptr;
-  arcpool_status_t status_ = ARCPOOL_STATUS_SUCCESS;
-};
-
-/// Makes `device`'s primary context (`primary`, retained by the driver) current for the scope,
-/// then puts back the context that was current before, or none when none was (design.md §6,
-/// "Devices and contexts"). Runtime calls "operate on the CUDA Driver API CUcontext which is
-/// current to the calling host thread" (CUDA Runtime API, "Interactions with the CUDA Driver
-/// API"). The switch is cuCtxSetCurrent alone, never cudaSetDevice: cudaSetDevice also sets the
-/// runtime's own per-thread device, which the application's next call on a thread with no
-/// current context would then use (NVIDIA's DALI switches the same way: NVIDIA/DALI PR 6327).
-/// When `primary` is current already, the guard makes one call, cuCtxGetCurrent. A switch that
-/// fails is the guard's status(): the caller returns it and makes no call on another device.
-class device_guard {
- public:
-  device_guard(int device, CUcontext primary) {
-    const context_functions& api = context_api();
-    if (const CUresult r = api.get_current(&previous_); r != CUDA_SUCCESS) {
-      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d",
-                     static_cast<int>(r));
-      return;
-    }
-    if (previous_ == primary) return;
-    if (const CUresult r = api.set_current(primary); r != CUDA_SUCCESS) {
-      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
-                     "cannot switch to device %d: cuCtxSetCurrent failed: CUresult %d", device,
-                     static_cast<int>(r));
-      return;
-    }
-    restore_ = true;
-  }
-  ~device_guard() {
-    // Null restores "no context": cuCtxSetCurrent(NULL) pops the context the guard bound.
-    if (restore_) context_api().set_current(previous_);
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-
-  /// SUCCESS once the device's context is current.
-  arcpool_status_t status() const noexcept { return status_; }
-
- private:
-  CUcontext previous_ = nullptr;
-  bool restore_ = false;
-  arcpool_status_t status_ = ARCPOOL_STATUS_SUCCESS;
-};
-
-/// Relaxed stream-capture mode for the scope. Queries and synchronizations are "potentially
-/// unsafe" calls: in the default (global) mode they would fail, and invalidate the capture,
-/// while any thread captures a graph. arcpool's own calls never touch a capturing stream. Pool
-/// calls (create, destroy, attributes, trim) run relaxed too: the Runtime API does not list
-/// them, but NVIDIA's CCCL does the same because "reading or writing a pool attribute is refused
-/// while the calling thread is capturing" (NVIDIA/cccl PR 11360). So do allocations and frees
-/// in a pool, and pool exports and imports: on an H200 (CUDA 13.0, driver 580.159.04;
-/// bench/results/2026-12-04-h200), cudaMallocFromPoolAsync on a stream that is not capturing,
-/// and cudaMemPoolExportPointer, failed with cudaErrorStreamCaptureUnsupported and invalidated
-/// the capture in global or thread-local mode (the conformance suite's Capture tests).
-/// A failed exchange changes nothing, and nothing is restored then.
-class relaxed_capture_guard {
- public:
-  relaxed_capture_guard() {
-    const cudaError_t e = cudaThreadExchangeStreamCaptureMode(&previous_);
-    exchanged_ = e == cudaSuccess;
-    discard(e);
-  }
-  ~relaxed_capture_guard() {
-    if (exchanged_) discard(cudaThreadExchangeStreamCaptureMode(&previous_));
-  }
-  relaxed_capture_guard(const relaxed_capture_guard&) = delete;
-  relaxed_capture_guard& operator=(const relaxed_capture_guard&) = delete;
-
- private:
-  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
-  bool exchanged_ = false;
-};
-
-/// The status of a call skipped because the process is exiting.
-arcpool_status_t exiting(const char* what) {
-  return fail(ARCPOOL_STATUS_CUDA_ERROR, "%s skipped: the process is exiting", what);
-}
-
-cudaStream_t cu(stream_handle s) {
-  return reinterpret_cast<cudaStream_t>(s);
-}
-cudaEvent_t cu(event_handle e) {
-  return static_cast<cudaEvent_t>(e);
-}
-
-/// Serializes arcpool's calls on capture graphs. "Graph objects (cudaGraph_t, CUgraph) are not
-/// internally synchronized and must not be accessed concurrently from multiple threads. API
-/// calls accessing the same graph object must be serialized externally" (Driver API, "Graph
-/// object thread safety"): two threads freeing on two streams of one capture reach its one
-/// graph. Process-wide, since allocators of several devices may free into one capture.
-std::mutex& graph_calls_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-/// Defined below, with the owned pool's setup.
-arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer, const char* what);
-
+/// The driver of one device: its primary context, its pool, and each call made on the device.
 class cuda_driver final : public driver {
  public:
   cuda_driver(int device, std::unique_ptr<primary_context> context, cudaMemPool_t pool, bool owned,
@@ -378,7 +181,7 @@ class cuda_driver final : public driver {
     }
     cudaError_t retained = cudaSuccess;
     {
-      std::lock_guard<std::mutex> lock(graph_calls_mutex());
+      std::lock_guard<std::mutex> lock(cuda::graph_calls_mutex());
       retained = cudaGraphRetainUserObject(static_cast<cudaGraph_t>(graph), object, 1,
                                            cudaGraphUserObjectMove);
     }
@@ -646,7 +449,7 @@ class cuda_driver final : public driver {
       ARCPOOL_RETURN_IF_ERROR(
           check(cudaMemPoolGetAccess(&access, pool, &there), "cudaMemPoolGetAccess (imported)"));
       if (access == cudaMemAccessFlagsProtReadWrite) {
-        return grant_peer_access(pool, resident, device_, "imported pool");
+        return cuda::grant_peer_access(pool, resident, device_, "imported pool");
       }
     }
     return fail(ARCPOOL_STATUS_CUDA_ERROR,
@@ -696,119 +499,6 @@ class cuda_driver final : public driver {
   const bool owned_;
   const uint32_t handle_types_;  ///< the owned pool's IPC handle types
 };
-
-arcpool_status_t set_pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attr, int value,
-                                    const char* name) {
-  return check(cudaMemPoolSetAttribute(pool, attr, &value), name);
-}
-
-/// Gives device `peer` read and write access to `pool` (of `device`), then checks that it has
-/// it; `what` names the request in messages (design.md §7, "Peers"): cudaMemPoolSetAccess "Controls
-/// visibility of pools between devices", cudaMemPoolGetAccess "Returns the accessibility of the
-/// pool's memory from the specified location".
-arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer, const char* what) {
-  int count = 0;
-  ARCPOOL_RETURN_IF_ERROR(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-  if (peer == device || peer < 0 || peer >= count) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
-                "%s: %d is %s (the pool is device %d's, of %d devices)", what, peer,
-                peer == device ? "the pool's own device" : "not a device", device, count);
-  }
-  int can = 0;
-  ARCPOOL_RETURN_IF_ERROR(
-      check(cudaDeviceCanAccessPeer(&can, peer, device), "cudaDeviceCanAccessPeer"));
-  if (can == 0) {
-    return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                "%s: device %d cannot access device %d's memory "
-                "(cudaDeviceCanAccessPeer answers 0)",
-                what, peer, device);
-  }
-  cudaMemAccessDesc access{};
-  access.location.type = cudaMemLocationTypeDevice;
-  access.location.id = peer;
-  access.flags = cudaMemAccessFlagsProtReadWrite;
-  ARCPOOL_RETURN_IF_ERROR(check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess"));
-  cudaMemAccessFlags granted = cudaMemAccessFlagsProtNone;
-  ARCPOOL_RETURN_IF_ERROR(
-      check(cudaMemPoolGetAccess(&granted, pool, &access.location), "cudaMemPoolGetAccess"));
-  if (granted != cudaMemAccessFlagsProtReadWrite) {
-    return fail(ARCPOOL_STATUS_CUDA_ERROR,
-                "%s: cudaMemPoolSetAccess succeeded, yet device %d has access %d to "
-                "device %d's pool, not read-write",
-                what, peer, static_cast<int>(granted), device);
-  }
-  return ARCPOOL_STATUS_SUCCESS;
-}
-
-/// Gives read and write access to `pool` (of `device`) to every other device that can reach it
-/// (cudaDeviceCanAccessPeer: "Returns in *canAccessPeer a value of 1 if device device is capable
-/// of directly accessing memory from peerDevice"), skipping the others.
-arcpool_status_t grant_reachable_peers(cudaMemPool_t pool, int device) {
-  int count = 0;
-  ARCPOOL_RETURN_IF_ERROR(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-  for (int peer = 0; peer < count; ++peer) {
-    if (peer == device) continue;
-    int can = 0;
-    ARCPOOL_RETURN_IF_ERROR(
-        check(cudaDeviceCanAccessPeer(&can, peer, device), "cudaDeviceCanAccessPeer"));
-    if (can != 0) ARCPOOL_RETURN_IF_ERROR(grant_peer_access(pool, device, peer, "peer access"));
-  }
-  return ARCPOOL_STATUS_SUCCESS;
-}
-
-arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* out) {
-  int supported_types = 0;
-  ARCPOOL_RETURN_IF_ERROR(
-      check(cudaDeviceGetAttribute(&supported_types, cudaDevAttrMemoryPoolSupportedHandleTypes,
-                                   config.device),
-            "cudaDeviceGetAttribute(MemoryPoolSupportedHandleTypes)"));
-  if ((config.ipc_handle_types & ~static_cast<uint32_t>(supported_types)) != 0) {
-    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
-                "IPC handle types 0x%x are not all supported by device %d (supported: 0x%x)",
-                config.ipc_handle_types, config.device, supported_types);
-  }
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.handleTypes = static_cast<cudaMemAllocationHandleType>(config.ipc_handle_types);
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = config.device;
-  props.maxSize = config.max_pool_bytes;
-  cudaMemPool_t pool = nullptr;
-  ARCPOOL_RETURN_IF_ERROR(check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate"));
-
-  uint64_t threshold = config.release_threshold;
-  arcpool_status_t status =
-      check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
-            "cudaMemPoolSetAttribute(ReleaseThreshold)");
-  if (status == ARCPOOL_STATUS_SUCCESS) {
-    status = set_pool_attribute(pool, cudaMemPoolReuseFollowEventDependencies,
-                                config.reuse_follow_event_dependencies,
-                                "cudaMemPoolSetAttribute(ReuseFollowEventDependencies)");
-  }
-  if (status == ARCPOOL_STATUS_SUCCESS) {
-    status = set_pool_attribute(pool, cudaMemPoolReuseAllowOpportunistic,
-                                config.reuse_allow_opportunistic,
-                                "cudaMemPoolSetAttribute(ReuseAllowOpportunistic)");
-  }
-  if (status == ARCPOOL_STATUS_SUCCESS) {
-    status = set_pool_attribute(pool, cudaMemPoolReuseAllowInternalDependencies,
-                                config.reuse_allow_internal_dependencies,
-                                "cudaMemPoolSetAttribute(ReuseAllowInternalDependencies)");
-  }
-  for (int peer : config.peer_devices) {
-    if (status != ARCPOOL_STATUS_SUCCESS) break;
-    status = grant_peer_access(pool, config.device, peer, "peer_devices");
-  }
-  if (status == ARCPOOL_STATUS_SUCCESS && config.all_reachable_peers) {
-    status = grant_reachable_peers(pool, config.device);
-  }
-  if (status != ARCPOOL_STATUS_SUCCESS) {
-    discard(cudaMemPoolDestroy(pool));
-    return status;
-  }
-  *out = pool;
-  return ARCPOOL_STATUS_SUCCESS;
-}
 
 }  // namespace
 
@@ -867,7 +557,7 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
   cudaMemPool_t pool = nullptr;
   switch (config.pool_source) {
     case ARCPOOL_POOL_OWNED:
-      *status = create_owned_pool(config, &pool);
+      *status = cuda::create_owned_pool(config, &pool);
       break;
     case ARCPOOL_POOL_DEVICE_DEFAULT:
       *status =

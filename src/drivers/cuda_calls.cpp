@@ -1,0 +1,90 @@
+// The CUDA driver's runtime-call helpers (cuda_calls.hpp).
+#include "drivers/cuda_calls.hpp"
+
+#include "support/process_exit.hpp"
+#include "support/status.hpp"
+
+namespace arcpool::detail::cuda {
+
+arcpool_status_t check_failed(cudaError_t e, const char* what) {
+  cudaGetLastError();
+  if (e == cudaErrorCudartUnloading) mark_process_exiting();
+  arcpool_status_t status = ARCPOOL_STATUS_CUDA_ERROR;
+  if (e == cudaErrorMemoryAllocation) status = ARCPOOL_STATUS_OUT_OF_MEMORY;
+  if (e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+      e == cudaErrorStreamCaptureImplicit || e == cudaErrorCapturedEvent ||
+      e == cudaErrorStreamCaptureWrongThread || e == cudaErrorStreamCaptureIsolation ||
+      e == cudaErrorStreamCaptureMerge || e == cudaErrorStreamCaptureUnmatched ||
+      e == cudaErrorStreamCaptureUnjoined) {
+    status = ARCPOOL_STATUS_UNSUPPORTED;
+  }
+  return fail(status, "%s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+void discard_failed(cudaError_t e) {
+  cudaGetLastError();
+  if (e == cudaErrorCudartUnloading) mark_process_exiting();
+}
+
+const context_functions& context_api() {
+  static const context_functions api = [] {
+    context_functions f;
+    // A failed lookup sets this thread's last error: that one is cleared, and only that one,
+    // so that an application error nobody has read yet survives arcpool's first call.
+    auto lookup = [](const char* symbol) -> void* {
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      void* fn = nullptr;
+      const cudaError_t e =
+          cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found);
+      if (e != cudaSuccess) cudaGetLastError();
+      return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? fn : nullptr;
+    };
+    f.get_current = reinterpret_cast<decltype(f.get_current)>(lookup("cuCtxGetCurrent"));
+    f.set_current = reinterpret_cast<decltype(f.set_current)>(lookup("cuCtxSetCurrent"));
+    f.device_get = reinterpret_cast<decltype(f.device_get)>(lookup("cuDeviceGet"));
+    f.primary_retain =
+        reinterpret_cast<decltype(f.primary_retain)>(lookup("cuDevicePrimaryCtxRetain"));
+    f.primary_release =
+        reinterpret_cast<decltype(f.primary_release)>(lookup("cuDevicePrimaryCtxRelease"));
+    f.stream_get_context =
+        reinterpret_cast<decltype(f.stream_get_context)>(lookup("cuStreamGetCtx"));
+    return f;
+  }();
+  return api;
+}
+
+primary_context::primary_context(int device) {
+  const context_functions& api = context_api();
+  if (!api.complete()) {
+    status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
+                   "the runtime gives no cuCtxGetCurrent / cuCtxSetCurrent / cuDeviceGet / "
+                   "cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRelease / cuStreamGetCtx "
+                   "entry point");
+    return;
+  }
+  if (const CUresult r = api.device_get(&device_, device); r != CUDA_SUCCESS) {
+    status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDeviceGet(%d) failed: CUresult %d", device,
+                   static_cast<int>(r));
+    return;
+  }
+  if (const CUresult r = api.primary_retain(&context_, device_); r != CUDA_SUCCESS) {
+    context_ = nullptr;
+    status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDevicePrimaryCtxRetain(%d) failed: CUresult %d",
+                   device, static_cast<int>(r));
+  }
+}
+
+primary_context::~primary_context() {
+  if (context_ != nullptr && !process_exiting()) context_api().primary_release(device_);
+}
+
+arcpool_status_t exiting(const char* what) {
+  return fail(ARCPOOL_STATUS_CUDA_ERROR, "%s skipped: the process is exiting", what);
+}
+
+std::mutex& graph_calls_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace arcpool::detail::cuda
