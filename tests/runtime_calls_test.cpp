@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <string>
@@ -234,6 +236,66 @@ TEST_F(RuntimeCalls, OnAThreadWithNoContext) {
     ASSERT_OK(arcpool_deallocate_async(a, s_, 0));
     ASSERT_OK(arcpool_allocation_release(a));
   }).join();
+}
+
+/// The child of AfterTheDriverUnloadedTheFirstFailureStopsEveryCudaCall: a fresh process with
+/// an allocator, a stream and two live allocations, whose driver then unloads as at a process's
+/// exit. Exits 0 when the first call that meets the unloaded driver fails naming it, and every
+/// later one (a free, a release, the stream's and the allocator's destruction, the reclaim
+/// worker) makes no CUDA call.
+[[noreturn]] void use_arcpool_after_the_driver_unloaded() {
+  EXPECT_EQ(cudaSuccess, cudaSetDevice(0));
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_CUDA;
+  arcpool_allocator_t* alloc = nullptr;
+  EXPECT_OK(arcpool_allocator_create(&options, &alloc));
+  arcpool_stream_t s = nullptr;
+  EXPECT_OK(arcpool_stream_create(alloc, &s));
+  arcpool_allocation_t* a = nullptr;
+  arcpool_allocation_t* b = nullptr;
+  EXPECT_OK(arcpool_allocate_async(alloc, 4096, 0, s, 0, &a));
+  EXPECT_OK(arcpool_allocate_async(alloc, 4096, 0, s, 0, &b));
+  EXPECT_TRUE(simcuda_unload_driver());
+
+  // cuCtxGetCurrent answers CUDA_ERROR_DEINITIALIZED, "the CUDA driver is in the process of
+  // shutting down" (cuda.h): the first call fails, saying so, and nothing was freed.
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_deallocate_async(a, s, 0));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "shutting down")) << arcpool_last_error();
+  const uint64_t after_first = simcuda_calls("cuCtxGetCurrent");
+
+  reset_simcuda_calls();
+  (void)arcpool_deallocate_async(b, s, 0);  // an error or not: the process is exiting
+  arcpool_allocation_release(a);
+  arcpool_allocation_release(b);
+  (void)arcpool_stream_destroy(alloc, s);  // "skipped: the process is exiting", or success
+  arcpool_allocator_destroy(alloc);
+  uint64_t later = 0;
+  for (const char* f : {"cuCtxGetCurrent", "cuCtxSetCurrent", "cudaStreamIsCapturing",
+                        "cudaFreeAsync", "cudaEventRecord", "cudaEventQuery", "cudaEventDestroy",
+                        "cudaStreamDestroy", "cudaMemPoolDestroy", "cudaStreamSynchronize"}) {
+    const uint64_t n = simcuda_calls(f);
+    if (n != 0)
+      std::fprintf(stderr, "after the first failure: %s called %llu times\n", f,
+                   static_cast<unsigned long long>(n));
+    later += n;
+  }
+  std::fprintf(stderr, "first failure: %llu cuCtxGetCurrent; later CUDA calls: %llu\n",
+               static_cast<unsigned long long>(after_first),
+               static_cast<unsigned long long>(later));
+  std::exit(later == 0 && !::testing::Test::HasFailure() ? 0 : 1);
+}
+
+// At a process's exit the CUDA driver may be gone before arcpool's last calls (a framework
+// freeing tensors from its own exit handlers). The runtime then answers
+// cudaErrorCudartUnloading, and the driver's context functions CUDA_ERROR_DEINITIALIZED:
+// whichever arcpool meets first marks the process as exiting (design.md §10, "Exit"), so that
+// nothing after it calls CUDA again or waits on work that will never complete.
+TEST(RuntimeCallsAtExit, AfterTheDriverUnloadedTheFirstFailureStopsEveryCudaCall) {
+  if (!on_simcuda()) GTEST_SKIP() << "unloads the driver with simcuda_unload_driver";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: the unload is for good
+  EXPECT_EXIT(use_arcpool_after_the_driver_unloaded(), ::testing::ExitedWithCode(0),
+              "later CUDA calls: 0");
 }
 
 }  // namespace

@@ -78,6 +78,19 @@ primary_context::~primary_context() {
   if (context_ != nullptr && !process_exiting()) context_api().primary_release(device_);
 }
 
+arcpool_status_t context_call_failed(CUresult r, int device, bool switching) {
+  const bool shutting_down = r == CUDA_ERROR_DEINITIALIZED;
+  if (shutting_down) mark_process_exiting();
+  const char* why = shutting_down ? ": the CUDA driver is shutting down" : "";
+  if (switching) {
+    return fail(ARCPOOL_STATUS_CUDA_ERROR,
+                "cannot switch to device %d: cuCtxSetCurrent failed: CUresult %d%s", device,
+                static_cast<int>(r), why);
+  }
+  return fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d%s",
+              static_cast<int>(r), why);
+}
+
 arcpool_status_t exiting(const char* what) {
   return fail(ARCPOOL_STATUS_CUDA_ERROR, "%s skipped: the process is exiting", what);
 }

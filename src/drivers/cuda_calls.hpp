@@ -77,6 +77,12 @@ class primary_context {
   arcpool_status_t status_ = ARCPOOL_STATUS_SUCCESS;
 };
 
+/// device_guard's failure: the status of a failed cuCtxGetCurrent, or (`switching`) of a failed
+/// cuCtxSetCurrent to `device`'s context. CUDA_ERROR_DEINITIALIZED, "the CUDA driver is in the
+/// process of shutting down" (cuda.h), marks the process as exiting, as cudaErrorCudartUnloading
+/// does in check(): no later call of arcpool's calls CUDA (design.md §10, "Exit").
+arcpool_status_t context_call_failed(CUresult r, int device, bool switching);
+
 /// Makes `device`'s primary context (`primary`, retained by the driver) current for the scope,
 /// then puts back the context that was current before, or none when none was (design.md §6,
 /// "Devices and contexts"). Runtime calls "operate on the CUDA Driver API CUcontext which is
@@ -91,15 +97,12 @@ class device_guard {
   device_guard(int device, CUcontext primary) {
     const context_functions& api = context_api();
     if (const CUresult r = api.get_current(&previous_); r != CUDA_SUCCESS) {
-      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d",
-                     static_cast<int>(r));
+      status_ = context_call_failed(r, device, /*switching=*/false);
       return;
     }
     if (previous_ == primary) return;
     if (const CUresult r = api.set_current(primary); r != CUDA_SUCCESS) {
-      status_ = fail(ARCPOOL_STATUS_CUDA_ERROR,
-                     "cannot switch to device %d: cuCtxSetCurrent failed: CUresult %d", device,
-                     static_cast<int>(r));
+      status_ = context_call_failed(r, device, /*switching=*/true);
       return;
     }
     restore_ = true;

@@ -116,15 +116,19 @@ CUresult CUDAAPI write_value32(CUstream s, CUdeviceptr address, cuuint32_t value
   return stream_memory_op(s, address, value, flags, false);
 }
 
-/// Counts a call of cuCtxGetCurrent or cuCtxSetCurrent. Their documented results have no
-/// sticky error (CUDA_SUCCESS, CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_NOT_INITIALIZED, and for
-/// cuCtxSetCurrent CUDA_ERROR_INVALID_CONTEXT): only an injected fault fails them. With the lock.
-bool context_call_fails(const char* name) {
+/// Counts a call of a driver entry point (cuCtxGetCurrent, cuCtxSetCurrent, ...) and returns its
+/// result before it acts. Their documented results have no sticky error (CUDA_SUCCESS,
+/// CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_NOT_INITIALIZED, and for cuCtxSetCurrent
+/// CUDA_ERROR_INVALID_CONTEXT): an unloaded driver (simcuda_unload_driver) answers
+/// CUDA_ERROR_DEINITIALIZED, and so does a fault injected as cudaErrorCudartUnloading; any other
+/// injected fault answers CUDA_ERROR_NOT_INITIALIZED. With the lock.
+CUresult context_call_result(const char* name) {
   runtime& r = rt();
   const cudaError_t sticky = std::exchange(r.sticky, cudaSuccess);
   const cudaError_t e = enter(name);
   r.sticky = sticky;
-  return e != cudaSuccess;
+  if (e == cudaSuccess) return CUDA_SUCCESS;
+  return e == cudaErrorCudartUnloading ? CUDA_ERROR_DEINITIALIZED : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 // cuCtxGetCurrent: "Returns in *pctx the CUDA context bound to the calling CPU thread. If no
@@ -133,7 +137,7 @@ bool context_call_fails(const char* name) {
 CUresult CUDAAPI ctx_get_current(CUcontext* out) {
   runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (context_call_fails("cuCtxGetCurrent")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (const CUresult e = context_call_result("cuCtxGetCurrent"); e != CUDA_SUCCESS) return e;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const thread_state& t = ts();
   if (!t.context_current) {
@@ -153,7 +157,7 @@ CUresult CUDAAPI ctx_get_current(CUcontext* out) {
 CUresult CUDAAPI ctx_set_current(CUcontext ctx) {
   runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (context_call_fails("cuCtxSetCurrent")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (const CUresult e = context_call_result("cuCtxSetCurrent"); e != CUDA_SUCCESS) return e;
   thread_state& t = ts();
   if (ctx == nullptr) {
     t.context_current = false;
@@ -185,7 +189,7 @@ CUresult CUDAAPI ctx_set_current(CUcontext ctx) {
 CUresult CUDAAPI device_get(CUdevice* out, int ordinal) {
   runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (context_call_fails("cuDeviceGet")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (const CUresult e = context_call_result("cuDeviceGet"); e != CUDA_SUCCESS) return e;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (device_at(ordinal) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   *out = ordinal;
@@ -200,7 +204,8 @@ CUresult CUDAAPI device_get(CUdevice* out, int ordinal) {
 CUresult CUDAAPI primary_ctx_retain(CUcontext* out, CUdevice dev) {
   runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (context_call_fails("cuDevicePrimaryCtxRetain")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (const CUresult e = context_call_result("cuDevicePrimaryCtxRetain"); e != CUDA_SUCCESS)
+    return e;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   device_obj* d = device_at(dev);
   if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
@@ -216,7 +221,8 @@ CUresult CUDAAPI primary_ctx_retain(CUcontext* out, CUdevice dev) {
 CUresult CUDAAPI primary_ctx_release(CUdevice dev) {
   runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (context_call_fails("cuDevicePrimaryCtxRelease")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (const CUresult e = context_call_result("cuDevicePrimaryCtxRelease"); e != CUDA_SUCCESS)
+    return e;
   device_obj* d = device_at(dev);
   if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   if (d->primary_retains == 0) {
@@ -236,7 +242,7 @@ CUresult CUDAAPI ctx_create(CUcontext* out, CUctxCreateParams* params, unsigned 
                             CUdevice dev) {
   runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (context_call_fails("cuCtxCreate")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (const CUresult e = context_call_result("cuCtxCreate"); e != CUDA_SUCCESS) return e;
   (void)flags;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (params != nullptr &&
@@ -262,7 +268,7 @@ CUresult CUDAAPI ctx_create(CUcontext* out, CUctxCreateParams* params, unsigned 
 CUresult CUDAAPI ctx_destroy(CUcontext ctx) {
   runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (context_call_fails("cuCtxDestroy")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (const CUresult e = context_call_result("cuCtxDestroy"); e != CUDA_SUCCESS) return e;
   if (r.created_contexts.erase(reinterpret_cast<uintptr_t>(ctx)) == 0) {
     return CUDA_ERROR_INVALID_CONTEXT;  // primary contexts are released, never destroyed
   }
@@ -283,7 +289,7 @@ CUresult CUDAAPI ctx_destroy(CUcontext ctx) {
 CUresult CUDAAPI stream_get_ctx(CUstream handle, CUcontext* out) {
   runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (context_call_fails("cuStreamGetCtx")) return CUDA_ERROR_NOT_INITIALIZED;
+  if (const CUresult e = context_call_result("cuStreamGetCtx"); e != CUDA_SUCCESS) return e;
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const auto h = reinterpret_cast<uintptr_t>(handle);
   if (h == 0 || h == reinterpret_cast<uintptr_t>(cudaStreamLegacy) ||

@@ -54,6 +54,14 @@ uint64_t simcuda_hidden_waits(void);
  * cudaError_t `error` (a fault for tests). Returns 1, or 0 for a null name or cudaSuccess. */
 int simcuda_fail_next(const char* name, int error);
 
+/** Unloads the simulated CUDA driver, as a process's exit does once the driver is gone: every
+ * later runtime call fails with cudaErrorCudartUnloading ("a CUDA Runtime API call cannot be
+ * executed because it is being called during process shut down, at a point in time after CUDA
+ * driver has been unloaded") and every driver entry point with CUDA_ERROR_DEINITIALIZED ("the
+ * CUDA driver is in the process of shutting down"), each still counted. There is no way back:
+ * a test calls it in a child process. */
+void simcuda_unload_driver(void);
+
 /** Lets `stream` run as far as it can, then returns: once it is idle, held by a stream memory
  * wait (cuStreamWaitValue32) whose condition is unmet, or waiting on streams that are settled
  * the same way and cannot go on. Then nothing queued on it can run without a further host

@@ -165,6 +165,7 @@ cudaError_t enter(const char* name) {
   // deadlock." Also the cudaLaunchHostFunc reference: "The host function must not make any
   // CUDA API calls."
   if (ts().in_host_function) violation(format("%s called from inside a host function", name));
+  if (r.unloaded) return cudaErrorCudartUnloading;  // simcuda_unload_driver
   return r.sticky;
 }
 
@@ -279,6 +280,11 @@ uint64_t simcuda_primary_retains(int device) {
   std::lock_guard<std::mutex> lock(rt().mu);
   simcuda::device_obj* d = simcuda::device_at(device);
   return d == nullptr ? 0 : d->primary_retains;
+}
+
+void simcuda_unload_driver(void) {
+  std::lock_guard<std::mutex> lock(rt().mu);
+  rt().unloaded = true;
 }
 
 int simcuda_fail_next(const char* name, int error) {

@@ -335,6 +335,7 @@ struct runtime {
   long launches = 0;
   long allocations = 0;
   cudaError_t sticky = cudaSuccess;
+  bool unloaded = false;  ///< simcuda_unload_driver: every later call fails
   uint64_t hidden_waits = 0;
   uint64_t unverified = 0;
   std::vector<std::string> violations;  ///< not yet taken

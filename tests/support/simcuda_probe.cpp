@@ -76,6 +76,14 @@ bool simcuda_fail_next(const char* name, int error) {
   return fail != nullptr && fail(name, error) != 0;
 }
 
+bool simcuda_unload_driver() {
+  using unload_fn = void (*)();
+  static const unload_fn unload = lookup<unload_fn>("simcuda_unload_driver");
+  if (unload == nullptr) return false;
+  unload();
+  return true;
+}
+
 bool simcuda_delay_calls(const char* name, unsigned milliseconds) {
   using delay_fn = int (*)(const char*, unsigned);
   static const delay_fn delay = lookup<delay_fn>("simcuda_delay_calls");

@@ -41,6 +41,10 @@ uint64_t simcuda_unverified_warnings();
 /// elsewhere returns false.
 bool simcuda_fail_next(const char* name, int error);
 
+/// On simcuda, unloads the simulated driver for good (see simcuda_unload_driver: every later
+/// CUDA call fails as at a process's exit) and returns true; elsewhere returns false.
+bool simcuda_unload_driver();
+
 /// On simcuda, makes every later call of `name` pause for `milliseconds` (0: no more) with the
 /// runtime unlocked (see simcuda_delay_calls) and returns true; elsewhere, or for a call without
 /// a pause point, returns false.
