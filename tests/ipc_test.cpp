@@ -5,6 +5,7 @@
 // tools/device-check; the host driver has no IPC and says so.
 #include <cuda_runtime_api.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 
 #include "arcpool/arcpool.h"
 #include "arcpool/arcpool.hpp"
+#include "ipc/channel.hpp"
 #include "support/driver_test.hpp"
 #include "support/simcuda_probe.hpp"
 
@@ -955,6 +957,83 @@ TEST(IpcChild, DISABLED_ImporterFailsAnImport) {
   arcpool_ipc_importer_destroy(side.im);
   ASSERT_NO_FATAL_FAILURE(side.end_stream());
   arcpool_allocator_destroy(side.a);
+}
+
+// The importer's process, whose exit ends its claims, is the one the kernel names for its
+// greeting (SCM_CREDENTIALS, unix(7)), never the process id the greeting carries: across PID
+// namespaces that number names another process here (design.md §14, "When either side dies").
+// Here an importer claims to be another, living process, takes an allocation and exits; its
+// claim must go when it has exited, while the process it named lives on.
+TEST(IpcGreeting, TheExporterWatchesTheProcessTheKernelNamesNotTheOneTheGreetingClaims) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  const pid_t bystander = fork();  // the process the greeting names: lives until killed
+  ASSERT_GE(bystander, 0) << std::strerror(errno);
+  if (bystander == 0) {
+    for (;;) {
+      pause();
+    }
+  }
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) << std::strerror(errno);
+  const pid_t importer = fork();  // makes no CUDA call: speaks the protocol, then exits
+  ASSERT_GE(importer, 0) << std::strerror(errno);
+  if (importer == 0) {
+    close(sv[0]);
+    detail::ipc::channel ch(sv[1]);
+    detail::ipc::message hello;
+    hello.kind = detail::ipc::message_kind::hello;
+    hello.id = static_cast<uint64_t>(bystander);
+    detail::ipc::message pool, allocation;
+    int pool_fd = -1;
+    const bool ok = ch.send(hello, -1, /*with_credentials=*/true) == ARCPOOL_STATUS_SUCCESS &&
+                    ch.receive(&pool, &pool_fd) == ARCPOOL_STATUS_SUCCESS &&
+                    ch.receive(&allocation) == ARCPOOL_STATUS_SUCCESS;
+    _exit(ok && allocation.kind == detail::ipc::message_kind::allocation ? 0 : 1);
+  }
+  close(sv[1]);
+  arcpool_allocator_t* a = exporting_allocator();
+  ASSERT_NE(nullptr, a);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(a, &s));
+  arcpool_ipc_exporter_t* e = nullptr;
+  ASSERT_OK(arcpool_ipc_exporter_create(a, sv[0], &e));
+  send_filled(a, {e}, s, 0x22);
+  const int status = reap(importer);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; }))
+      << "the claim waits for process " << bystander << ", which the greeting named";
+  EXPECT_EQ(0, kill(bystander, 0)) << "the bystander lives on";
+  kill(bystander, SIGKILL);
+  reap(bystander);
+  arcpool_ipc_exporter_destroy(e);
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  EXPECT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
+// A greeting the kernel names no process for (sent without credentials before the exporter
+// asked for them; an importer in a PID namespace this process cannot see gets the same) is
+// refused: its claims could never end with its process. The caller keeps the socket.
+TEST(IpcGreeting, AGreetingWithoutAProcessIsRefusedAndTheSocketStaysTheCallers) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) << std::strerror(errno);
+  detail::ipc::channel greeter(sv[1]);
+  detail::ipc::message hello;
+  hello.kind = detail::ipc::message_kind::hello;
+  hello.id = static_cast<uint64_t>(getpid());
+  ASSERT_OK(greeter.send(hello));  // no SCM_CREDENTIALS, before SO_PASSCRED is on
+  arcpool_allocator_t* a = exporting_allocator();
+  ASSERT_NE(nullptr, a);
+  arcpool_ipc_exporter_t* e = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_exporter_create(a, sv[0], &e));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "PID namespace")) << arcpool_last_error();
+  EXPECT_EQ(nullptr, e);
+  EXPECT_EQ(0, fcntl(sv[0], F_GETFD)) << "the caller's socket was closed";
+  close(sv[0]);
+  arcpool_allocator_destroy(a);
+  EXPECT_EQ("", take_simcuda_violations());
 }
 
 // The children below use the C++ API (arcpool::ipc_importer, arcpool::ipc_exporter).

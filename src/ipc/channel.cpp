@@ -12,6 +12,8 @@ namespace arcpool::detail::ipc {
 namespace {
 
 constexpr uint32_t kMagic = 0x41504331;  // "APC1"
+/// Room for the ancillary data of one message: a descriptor and credentials.
+constexpr size_t kControlBytes = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(ucred));
 
 arcpool_status_t peer_gone(const char* what) {
   return fail(ARCPOOL_STATUS_PEER_GONE,
@@ -26,21 +28,34 @@ channel::~channel() {
   if (fd_ >= 0) close(fd_);
 }
 
-arcpool_status_t channel::send(message m, int pass_fd) {
+arcpool_status_t channel::send(message m, int pass_fd, bool with_credentials) {
   m.magic = kMagic;
   iovec iov{&m, sizeof m};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (pass_fd >= 0) {
+  alignas(cmsghdr) char control[kControlBytes] = {};
+  if (pass_fd >= 0 || with_credentials) {
     msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    msg.msg_controllen = (pass_fd >= 0 ? CMSG_SPACE(sizeof(int)) : 0) +
+                         (with_credentials ? CMSG_SPACE(sizeof(ucred)) : 0);
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    if (pass_fd >= 0) {
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+      c = CMSG_NXTHDR(&msg, c);
+    }
+    if (with_credentials) {
+      // unix(7), SCM_CREDENTIALS: the kernel checks them (a process sends its own process id
+      // unless privileged) and gives the receiver the process id as its PID namespace sees it.
+      const ucred self{getpid(), getuid(), getgid()};
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_CREDENTIALS;
+      c->cmsg_len = CMSG_LEN(sizeof(ucred));
+      std::memcpy(CMSG_DATA(c), &self, sizeof self);
+    }
   }
   std::lock_guard<std::mutex> lock(send_mu_);
   return send_rest(m, 0, msg, iov);
@@ -82,15 +97,31 @@ arcpool_status_t channel::send_rest(message& m, size_t sent, msghdr& msg, iovec&
   return ARCPOOL_STATUS_SUCCESS;
 }
 
+arcpool_status_t channel::receive_with_sender(message* m, pid_t* sender) {
+  // unix(7), SO_PASSCRED: "Enabling this socket option causes receipt of the credentials of the
+  // sending process in an SCM_CREDENTIALS ancillary message in each subsequently received
+  // message." Off again after this one, so that no later message carries them.
+  const int on = 1, off = 0;
+  const bool passing = setsockopt(fd_, SOL_SOCKET, SO_PASSCRED, &on, sizeof on) == 0;
+  const arcpool_status_t status = receive_any(m, nullptr, sender);
+  if (passing) setsockopt(fd_, SOL_SOCKET, SO_PASSCRED, &off, sizeof off);
+  return status;
+}
+
 arcpool_status_t channel::receive(message* m, int* received_fd) {
+  return receive_any(m, received_fd, nullptr);
+}
+
+arcpool_status_t channel::receive_any(message* m, int* received_fd, pid_t* sender) {
   if (received_fd != nullptr) *received_fd = -1;
+  if (sender != nullptr) *sender = 0;
   size_t got = 0;
   while (got < sizeof *m) {
     iovec iov{reinterpret_cast<char*>(m) + got, sizeof *m - got};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    alignas(cmsghdr) char control[kControlBytes] = {};
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
     const ssize_t n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
@@ -101,6 +132,13 @@ arcpool_status_t channel::receive(message* m, int* received_fd) {
                   std::strerror(errno));
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS && sender != nullptr &&
+          c->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+        ucred from{};
+        std::memcpy(&from, CMSG_DATA(c), sizeof from);
+        if (*sender == 0) *sender = from.pid;
+        continue;
+      }
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       int fd = -1;
       std::memcpy(&fd, CMSG_DATA(c), sizeof fd);

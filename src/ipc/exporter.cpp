@@ -56,17 +56,27 @@ arcpool_status_t exporter::create(arcpool_allocator_t* allocator, int fd, export
     arcpool_allocator_destroy(allocator);
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an IPC exporter");
   }
-  // The importer greets first (its process id, for the pidfd), then gets the pool.
+  // The importer greets first, then gets the pool. Its process, whose exit ends its claims, is
+  // the one the kernel names (SCM_CREDENTIALS, in this process's PID namespace), never the id
+  // the greeting carries: in another PID namespace that number names another process here.
   message hello;
-  status = e->channel_.receive(&hello);
+  pid_t importer = 0;
+  status = e->channel_.receive_with_sender(&hello, &importer);
   if (status == ARCPOOL_STATUS_SUCCESS && hello.kind != message_kind::hello) {
     status = fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                   "arcpool_ipc_exporter_create: the other end did not greet as an importer "
                   "(message kind %u)",
                   static_cast<unsigned>(hello.kind));
   }
+  if (status == ARCPOOL_STATUS_SUCCESS && importer <= 0) {
+    status = fail(ARCPOOL_STATUS_UNSUPPORTED,
+                  "arcpool_ipc_exporter_create: the kernel names no process for the importer "
+                  "(its greeting came without credentials, or its process is in a PID "
+                  "namespace this process cannot see), so its exit could not end its claims: "
+                  "run both processes in one PID namespace");
+  }
   if (status == ARCPOOL_STATUS_SUCCESS) {
-    e->importer_pid_ = static_cast<pid_t>(hello.id);
+    e->importer_pid_ = importer;
     message pool;
     pool.kind = message_kind::pool;
     status = e->channel_.send(pool, pool_fd);
@@ -260,7 +270,7 @@ void exporter::wait_for_importer_exit() noexcept {
     std::lock_guard<std::mutex> lock(mu_);
     if (sent_.empty()) return;
   }
-  if (importer_pid_ <= 0 || importer_pid_ == getpid()) return;
+  if (importer_pid_ == getpid()) return;  // an importer in this process: nothing to wait for
   // pidfd_open (Linux 5.3): "the file descriptor becomes readable when the process terminates".
   const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, importer_pid_, 0));
   if (pidfd >= 0) {

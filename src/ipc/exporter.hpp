@@ -66,7 +66,7 @@ class exporter {
   /// Joins the streams of an allocation sent with use records before its event is recorded
   /// (apart from watch_stream_, whose waits on importers' releases sends must not wait for).
   const arcpool_stream_t send_stream_;
-  pid_t importer_pid_ = 0;
+  pid_t importer_pid_ = 0;  ///< the importing process, as the kernel named it (SCM_CREDENTIALS)
   std::mutex mu_;
   std::unordered_map<uint64_t, sent> sent_;
   uint64_t next_id_ = 1;

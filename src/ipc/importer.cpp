@@ -42,7 +42,7 @@ arcpool_status_t importer::create(arcpool_allocator_t* allocator, int fd, import
   message hello;
   hello.kind = message_kind::hello;
   hello.id = static_cast<uint64_t>(getpid());
-  arcpool_status_t status = im->channel_.send(hello);
+  arcpool_status_t status = im->channel_.send(hello, -1, /*with_credentials=*/true);
   message pool;
   int pool_fd = -1;
   if (status == ARCPOOL_STATUS_SUCCESS) status = im->channel_.receive(&pool, &pool_fd);
