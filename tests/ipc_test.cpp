@@ -973,6 +973,13 @@ TEST(IpcGreeting, TheExporterWatchesTheProcessTheKernelNamesNotTheOneTheGreeting
       pause();
     }
   }
+  struct killed_at_exit {  // also when an assertion ends the test early
+    pid_t pid;
+    ~killed_at_exit() {
+      kill(pid, SIGKILL);
+      reap(pid);
+    }
+  } bystander_guard{bystander};
   int sv[2];
   ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) << std::strerror(errno);
   const pid_t importer = fork();  // makes no CUDA call: speaks the protocol, then exits
@@ -1003,8 +1010,6 @@ TEST(IpcGreeting, TheExporterWatchesTheProcessTheKernelNamesNotTheOneTheGreeting
   EXPECT_TRUE(eventually([&] { return outstanding(e) == 0; }))
       << "the claim waits for process " << bystander << ", which the greeting named";
   EXPECT_EQ(0, kill(bystander, 0)) << "the bystander lives on";
-  kill(bystander, SIGKILL);
-  reap(bystander);
   arcpool_ipc_exporter_destroy(e);
   ASSERT_OK(arcpool_stream_synchronize(a, s));
   EXPECT_OK(arcpool_stream_destroy(a, s));

@@ -5,9 +5,8 @@
 #include <cstdint>
 #include <mutex>
 
-#include <sys/types.h>
-
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "drivers/driver.hpp"
 
