@@ -62,6 +62,16 @@ std::string describe(const call_counts& counts) {
   return text.empty() ? "(none)" : text;
 }
 
+/// A CUDA-driver allocator of device 0 with default options (null, with a failure, if none).
+arcpool_allocator_t* cuda_allocator() {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_CUDA;
+  arcpool_allocator_t* alloc = nullptr;
+  EXPECT_OK(arcpool_allocator_create(&options, &alloc));
+  return alloc;
+}
+
 class RuntimeCalls : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,10 +83,8 @@ class RuntimeCalls : public ::testing::Test {
     // each device guard then finds the device's context current (OnAThreadWithNoContext
     // counts the other case).
     ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
-    arcpool_allocator_options_t options;
-    arcpool_allocator_options_init(&options);
-    options.driver = ARCPOOL_DRIVER_CUDA;
-    ASSERT_OK(arcpool_allocator_create(&options, &alloc_));
+    alloc_ = cuda_allocator();
+    ASSERT_NE(nullptr, alloc_);
     ASSERT_OK(arcpool_stream_create(alloc_, &s_));
     ASSERT_OK(arcpool_stream_create(alloc_, &t_));
     // Warm: the streams are in this thread's stream cache, a block of kBytes is cached on s_,
@@ -245,11 +253,7 @@ TEST_F(RuntimeCalls, OnAThreadWithNoContext) {
 /// worker) makes no CUDA call.
 [[noreturn]] void use_arcpool_after_the_driver_unloaded() {
   EXPECT_EQ(cudaSuccess, cudaSetDevice(0));
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_CUDA;
-  arcpool_allocator_t* alloc = nullptr;
-  EXPECT_OK(arcpool_allocator_create(&options, &alloc));
+  arcpool_allocator_t* alloc = cuda_allocator();
   arcpool_stream_t s = nullptr;
   EXPECT_OK(arcpool_stream_create(alloc, &s));
   arcpool_allocation_t* a = nullptr;
