@@ -51,7 +51,9 @@ void reclaimer::stop_worker(bool drain_first) {
     if (!worker.joinable()) {
       // Another thread is joining the worker: the reclaimer may go only once it exited.
       if (worker_id_ != std::this_thread::get_id()) {
+        ++join_waiters_;
         idle_cv_.wait(lock, [&] { return !joining_; });
+        if (--join_waiters_ == 0) idle_cv_.notify_all();
       }
       return;
     }
@@ -63,9 +65,13 @@ void reclaimer::stop_worker(bool drain_first) {
   } else {
     worker.join();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   joining_ = false;
   idle_cv_.notify_all();
+  // A waiter (the exit hook's listener, say) must leave the mutex and the condition before this
+  // thread goes on to destroy them: simcuda-tsan saw the exit hook still inside idle_cv_.wait on
+  // a reclaimer that an IPC exporter's watcher thread had just destroyed.
+  idle_cv_.wait(lock, [&] { return join_waiters_ == 0; });
 }
 
 void reclaimer::enqueue(reclaim_item item) {
