@@ -35,43 +35,42 @@ arcpool_status_t reclaimer::free_on(reclaim_item& item, stream_handle s) {
 
 reclaimer::~reclaimer() {
   stop_worker(!process_exiting());
+  int listener = -1;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    listener = exit_listener_;
+  }
+  // Waits for the exit hook, if it is running the listener: it may still be inside stop_worker,
+  // woken by this thread's join and not yet out of the mutex this destroys.
+  if (listener >= 0) remove_exit_listener(listener);
   if (have_stream_ && !process_exiting()) driver_.stream_destroy(stream_);
 }
 
 void reclaimer::stop_worker(bool drain_first) {
   if (drain_first) drain(/*final=*/true);
   std::thread worker;
-  int listener = -1;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     stop_ = true;
     work_cv_.notify_all();
     worker = std::move(worker_);
-    listener = std::exchange(exit_listener_, -1);
     if (!worker.joinable()) {
       // Another thread is joining the worker: the reclaimer may go only once it exited.
       if (worker_id_ != std::this_thread::get_id()) {
-        ++join_waiters_;
         idle_cv_.wait(lock, [&] { return !joining_; });
-        if (--join_waiters_ == 0) idle_cv_.notify_all();
       }
       return;
     }
     joining_ = true;
   }
-  if (listener >= 0) remove_exit_listener(listener);
   if (worker.get_id() == std::this_thread::get_id()) {
     worker.detach();  // the last allocator reference went from inside an on_free callback
   } else {
     worker.join();
   }
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   joining_ = false;
   idle_cv_.notify_all();
-  // A waiter (the exit hook's listener, say) must leave the mutex and the condition before this
-  // thread goes on to destroy them: simcuda-tsan saw the exit hook still inside idle_cv_.wait on
-  // a reclaimer that an IPC exporter's watcher thread had just destroyed.
-  idle_cv_.wait(lock, [&] { return join_waiters_ == 0; });
 }
 
 void reclaimer::enqueue(reclaim_item item) {

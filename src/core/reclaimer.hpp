@@ -154,9 +154,8 @@ class reclaimer {
   std::thread worker_;
   std::thread::id worker_id_;  ///< the worker's, kept after worker_ is taken to be joined
   bool joining_ = false;       ///< a thread took worker_ and has not finished joining it
-  /// Threads in stop_worker waiting for another's join to finish: the joiner returns (and the
-  /// reclaimer may be destroyed) only once they have woken and left the mutex.
-  int join_waiters_ = 0;
+  /// The exit hook's listener (stops the worker), removed only by the destructor, which waits
+  /// for it if it is running.
   int exit_listener_ = -1;
 
   std::mutex stream_mutex_;

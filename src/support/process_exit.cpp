@@ -1,9 +1,11 @@
 #include "support/process_exit.hpp"
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <thread>
 
 namespace arcpool::detail {
 namespace {
@@ -14,6 +16,9 @@ struct listener_table {
   std::mutex mutex;
   std::map<int, std::function<void()>> listeners;
   int next = 0;
+  int running = -1;        ///< the token of the listener the exit hook runs now
+  std::thread::id runner;  ///< the thread that runs it
+  std::condition_variable returned;
 };
 
 // Leaked on purpose: it must outlive every static allocator.
@@ -34,9 +39,14 @@ void on_exit() {
       auto& table = listeners().listeners;
       if (table.empty()) return;
       listener = std::move(table.begin()->second);
+      listeners().running = table.begin()->first;
+      listeners().runner = std::this_thread::get_id();
       table.erase(table.begin());
     }
     listener();
+    std::lock_guard<std::mutex> lock(listeners().mutex);
+    listeners().running = -1;
+    listeners().returned.notify_all();
   }
 }
 
@@ -63,8 +73,12 @@ int add_exit_listener(std::function<void()> listener) {
 }
 
 void remove_exit_listener(int token) noexcept {
-  std::lock_guard<std::mutex> lock(listeners().mutex);
-  listeners().listeners.erase(token);
+  listener_table& table = listeners();
+  std::unique_lock<std::mutex> lock(table.mutex);
+  table.listeners.erase(token);
+  // Running on the exit hook's thread, it may still use its owner, which goes once this returns.
+  table.returned.wait(
+      lock, [&] { return table.running != token || table.runner == std::this_thread::get_id(); });
 }
 
 }  // namespace arcpool::detail

@@ -21,7 +21,9 @@ void arm_exit_hook() noexcept;
 /// each after the previous returned. Returns a token for remove_exit_listener.
 int add_exit_listener(std::function<void()> listener);
 
-/// Removes a listener; it will not run (also when removed by an earlier listener at exit).
+/// Removes a listener; it will not run (also when removed by an earlier listener at exit). If
+/// the exit hook is running it on another thread, waits for it to return: its owner may go once
+/// this returns. A listener may remove itself.
 void remove_exit_listener(int token) noexcept;
 
 }  // namespace arcpool::detail
