@@ -31,6 +31,10 @@ class ownership {
   /// A live allocation with one owner.
   ownership() noexcept : word_(pack(ARCPOOL_ALLOCATION_LIVE, 1)) {}
 
+  /// A live allocation with `owners` owners (at least 1): how a test reaches the owner count's
+  /// limit without 2^32 preserves.
+  static ownership live_with_owners(uint32_t owners) noexcept { return ownership(owners); }
+
   snapshot load() const noexcept { return unpack(word_.load(std::memory_order_acquire)); }
 
   /// LIVE: P += 1. UNOWNED: not_owner (never resurrects). Else already_deallocated.
@@ -81,6 +85,8 @@ class ownership {
   }
   static ownership_result check_deallocation(snapshot s, bool force) noexcept;
   ownership_result end_ownership(bool force, state to) noexcept;
+
+  explicit ownership(uint32_t owners) noexcept : word_(pack(ARCPOOL_ALLOCATION_LIVE, owners)) {}
 
   std::atomic<uint64_t> word_;
 };
