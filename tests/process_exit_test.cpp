@@ -59,8 +59,8 @@ TEST(ProcessExit, RemovingAListenerTheHookIsRunningWaitsForItToReturn) {
       ::testing::ExitedWithCode(0), "");
 }
 
-// A listener may remove itself (a reclaimer's listener destroys nothing, but the removal must
-// not wait for the very call it is made from).
+// A listener may remove itself: the removal must not wait for the very call it is made from,
+// which would never return.
 TEST(ProcessExit, AListenerRemovingItselfReturns) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
