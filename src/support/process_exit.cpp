@@ -32,21 +32,22 @@ void on_exit() {
   // One listener at a time, each taken out of the table only when its turn comes: a listener
   // may remove a later one (its allocator's worker, joined, ran a callback that deleted another
   // allocator), which then must not run on its deleted owner.
+  listener_table& table = listeners();
   for (;;) {
     std::function<void()> listener;
     {
-      std::lock_guard<std::mutex> lock(listeners().mutex);
-      auto& table = listeners().listeners;
-      if (table.empty()) return;
-      listener = std::move(table.begin()->second);
-      listeners().running = table.begin()->first;
-      listeners().runner = std::this_thread::get_id();
-      table.erase(table.begin());
+      std::lock_guard<std::mutex> lock(table.mutex);
+      if (table.listeners.empty()) return;
+      const auto next = table.listeners.begin();
+      listener = std::move(next->second);
+      table.running = next->first;
+      table.runner = std::this_thread::get_id();
+      table.listeners.erase(next);
     }
     listener();
-    std::lock_guard<std::mutex> lock(listeners().mutex);
-    listeners().running = -1;
-    listeners().returned.notify_all();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    table.running = -1;
+    table.returned.notify_all();
   }
 }
 
