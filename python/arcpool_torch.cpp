@@ -1,17 +1,24 @@
-// libarcpool_torch: the exact C signatures PyTorch's CUDAPluggableAllocator calls, plus the
-// hooks it accepts as C function pointers (record-stream, empty-cache, memory-fraction),
-// served by arcpool's per-device default allocators. Loaded by arcpool.torch.install().
+// libarcpool_torch: the exact signatures PyTorch's CUDAPluggableAllocator calls, plus the hooks
+// it accepts as function pointers (record-stream, empty-cache, memory-fraction, and the CUDA
+// graph pool hooks, whose parameters are C++ types), served by arcpool's per-device default
+// allocators. Loaded by arcpool.torch.install().
 //
-// A failure PyTorch must see (out of memory; a stream capturing a CUDA graph, which arcpool
-// does not support yet) is thrown as std::runtime_error carrying arcpool's message: PyTorch
-// calls these through std::function, and its Python binding turns the exception into a
-// RuntimeError with that message, never a mysterious out-of-memory.
+// A failure PyTorch must see (out of memory; an allocation on a capturing stream arcpool cannot
+// serve) is thrown as std::runtime_error carrying arcpool's message: PyTorch calls these
+// through std::function, and its Python binding turns the exception into a RuntimeError with
+// that message, never a mysterious out-of-memory. The functions arcpool.torch calls through
+// ctypes return a status instead: an exception must not cross ctypes.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "arcpool/arcpool.h"
 
@@ -33,16 +40,110 @@ std::atomic<bool> g_used[kMaxDevices] = {};
 std::atomic<double> g_fraction[kMaxDevices];
 std::atomic<bool> g_fraction_set[kMaxDevices] = {};
 
+void mark_used(int device) {
+  if (device >= 0 && device < kMaxDevices && !g_used[device].load(std::memory_order_relaxed)) {
+    g_used[device].store(true, std::memory_order_relaxed);
+  }
+}
+
+/// PyTorch's c10::cuda::MempoolId_t (c10/cuda/CUDAGraphsC10Utils.h): a pair of CaptureId_t,
+/// which is unsigned long long.
+using torch_mempool_id = std::pair<unsigned long long, unsigned long long>;
+
+/// What PyTorch's CUDAGraph hands beginAllocateToPool: true for a stream that captures into
+/// that graph now (it asks cudaStreamGetCaptureInfo).
+using torch_stream_filter = std::function<bool(cudaStream_t)>;
+
+/// A capture bound to a graph pool: its id, and the stream its binding was begun on.
+struct bound_capture {
+  unsigned long long id;
+  cudaStream_t stream;
+};
+
+/// One of PyTorch's private memory pools, served by an arcpool graph pool (docs/graphs.md,
+/// "PyTorch's graph pools").
+struct torch_pool {
+  int device;
+  torch_mempool_id id;
+  arcpool_graph_pool_t* pool;
+  long uses;                                 ///< begin hooks its release hooks have not matched
+  std::vector<torch_stream_filter> filters;  ///< captures between their begin and end hooks
+  std::vector<bound_capture> bound;          ///< captures `pool` is bound to
+};
+
+/// PyTorch's pools with an arcpool graph pool. Few (one per graph, or per shared pool) and
+/// touched at a capture's begin and end, and by an allocation while a capture is open.
+std::mutex g_pools_mutex;
+std::vector<torch_pool> g_pools;
+/// Captures between their begin and end hooks: while there are none, an allocation pays one
+/// load for all this.
+std::atomic<int> g_open_captures{0};
+
+torch_pool* find_pool(int device, const torch_mempool_id& id) {
+  for (torch_pool& p : g_pools) {
+    if (p.device == device && p.id == id) return &p;
+  }
+  return nullptr;
+}
+
+/// When `stream` captures, binds its capture, once, to the graph pool of the open capture whose
+/// filter claims `stream`, before the capture's first allocation there: PyTorch calls the begin
+/// hook before cudaStreamBeginCapture, when there is no capture to bind yet. A stream that does
+/// not capture is left alone (torch.cuda.use_mem_pool's filter claims those too: graph pools
+/// lend only to captures).
+void bind_capture(int device, cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long capture = 0;
+  if (const cudaError_t e = cudaStreamGetCaptureInfo(stream, &status, &capture); e != cudaSuccess) {
+    throw std::runtime_error(std::string("arcpool: cudaStreamGetCaptureInfo failed: ") +
+                             cudaGetErrorName(e));
+  }
+  if (status != cudaStreamCaptureStatusActive) return;
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  for (torch_pool& p : g_pools) {
+    if (p.device != device || p.filters.empty()) continue;
+    if (std::any_of(p.bound.begin(), p.bound.end(),
+                    [capture](const bound_capture& b) { return b.id == capture; })) {
+      return;
+    }
+    for (const torch_stream_filter& claims : p.filters) {
+      if (!claims(stream)) continue;
+      if (arcpool_graph_pool_begin(p.pool, reinterpret_cast<arcpool_stream_t>(stream)) !=
+          ARCPOOL_STATUS_SUCCESS) {
+        raise("binding the capture to its graph pool failed");
+      }
+      p.bound.push_back(bound_capture{capture, stream});
+      return;
+    }
+  }
+}
+
+/// Unbinds the captures of `p` whose streams no open capture of `p` claims any more.
+void unbind_ended(torch_pool& p) {
+  for (auto it = p.bound.begin(); it != p.bound.end();) {
+    const cudaStream_t s = it->stream;
+    if (std::any_of(p.filters.begin(), p.filters.end(),
+                    [s](const torch_stream_filter& claims) { return claims(s); })) {
+      ++it;
+      continue;
+    }
+    if (arcpool_graph_pool_end(p.pool, reinterpret_cast<arcpool_stream_t>(s)) !=
+        ARCPOOL_STATUS_SUCCESS) {
+      raise("unbinding the capture from its graph pool failed");
+    }
+    it = p.bound.erase(it);
+  }
+}
+
 }  // namespace
 
 /// PyTorch's alloc: void* (size_t size, int device, cudaStream_t stream).
 ARCPOOL_TORCH_API void* arcpool_torch_malloc(size_t size, int device, cudaStream_t stream) {
   if (size == 0) return nullptr;
+  if (g_open_captures.load(std::memory_order_acquire) != 0) bind_capture(device, stream);
   void* p = arcpool_malloc_async(size, device, reinterpret_cast<arcpool_stream_t>(stream));
   if (p == nullptr) raise("allocation failed");
-  if (device >= 0 && device < kMaxDevices && !g_used[device].load(std::memory_order_relaxed)) {
-    g_used[device].store(true, std::memory_order_relaxed);
-  }
+  mark_used(device);
   return p;
 }
 
@@ -114,4 +215,81 @@ ARCPOOL_TORCH_API void arcpool_torch_set_memory_fraction(double fraction, int de
 ARCPOOL_TORCH_API double arcpool_torch_memory_fraction(int device) {
   if (device < 0 || device >= kMaxDevices || !g_fraction_set[device].load()) return 1.0;
   return g_fraction[device].load();
+}
+
+/// PyTorch's beginAllocateToPool (torch.cuda.graph's capture_begin, before
+/// cudaStreamBeginCapture): the allocations of the capture that `filter` claims come from the
+/// arcpool graph pool serving PyTorch's pool `id`, made at its first begin. PyTorch counts a
+/// pool's uses the same way: each begin is matched by one release_pool.
+ARCPOOL_TORCH_API void arcpool_torch_begin_allocate_to_pool(int device, torch_mempool_id id,
+                                                            torch_stream_filter filter) {
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  torch_pool* p = find_pool(device, id);
+  if (p == nullptr) {
+    arcpool_allocator_t* a = nullptr;
+    arcpool_graph_pool_t* pool = nullptr;
+    if (arcpool_default_allocator_get(device, &a) != ARCPOOL_STATUS_SUCCESS ||
+        arcpool_graph_pool_create(a, &pool) != ARCPOOL_STATUS_SUCCESS) {
+      raise("creating a graph pool failed");
+    }
+    mark_used(device);
+    g_pools.push_back(torch_pool{device, id, pool, 0, {}, {}});
+    p = &g_pools.back();
+  }
+  ++p->uses;
+  p->filters.push_back(std::move(filter));
+  g_open_captures.fetch_add(1, std::memory_order_release);
+}
+
+/// PyTorch's endAllocateToPool (capture_end, after cudaStreamEndCapture): the capture begun
+/// first on pool `id` stops allocating from it; the streams no open capture claims are unbound.
+ARCPOOL_TORCH_API void arcpool_torch_end_allocate_to_pool(int device, torch_mempool_id id) {
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  torch_pool* p = find_pool(device, id);
+  if (p == nullptr || p->filters.empty()) return;
+  p->filters.erase(p->filters.begin());
+  g_open_captures.fetch_sub(1, std::memory_order_release);
+  unbind_ended(*p);
+}
+
+/// PyTorch's releasePool (a graph's reset or destruction, a MemPool's end): the last release of
+/// pool `id` releases the arcpool graph pool, whose memory goes back to the allocator once
+/// every graph bound to it is destroyed and every block lent from it deallocated.
+ARCPOOL_TORCH_API void arcpool_torch_release_pool(int device, torch_mempool_id id) {
+  arcpool_graph_pool_t* released = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_pools_mutex);
+    torch_pool* p = find_pool(device, id);
+    if (p == nullptr || --p->uses > 0) return;
+    g_open_captures.fetch_sub(static_cast<int>(p->filters.size()), std::memory_order_release);
+    p->filters.clear();
+    unbind_ended(*p);
+    released = p->pool;
+    g_pools.erase(g_pools.begin() + (p - g_pools.data()));
+  }
+  arcpool_graph_pool_release(released);
+}
+
+/// Called by arcpool.torch before PyTorch's CUDAGraph.capture_begin, with the stream it will
+/// capture on (torch's current stream): registers it with the device's allocator until
+/// arcpool_torch_capture_stream_end. arcpool acts on a capturing stream only if it created or
+/// registered it (docs/graphs.md). Returns arcpool's status (ctypes).
+ARCPOOL_TORCH_API arcpool_status_t arcpool_torch_capture_stream_begin(int device,
+                                                                      cudaStream_t stream) {
+  arcpool_allocator_t* a = nullptr;
+  const arcpool_status_t status = arcpool_default_allocator_get(device, &a);
+  if (status != ARCPOOL_STATUS_SUCCESS) return status;
+  mark_used(device);
+  return arcpool_stream_register(a, reinterpret_cast<arcpool_stream_t>(stream));
+}
+
+/// Called by arcpool.torch after PyTorch's CUDAGraph.capture_end (or a failed capture_begin):
+/// withdraws the registration arcpool_torch_capture_stream_begin made. Returns arcpool's
+/// status (ctypes).
+ARCPOOL_TORCH_API arcpool_status_t arcpool_torch_capture_stream_end(int device,
+                                                                    cudaStream_t stream) {
+  arcpool_allocator_t* a = nullptr;
+  const arcpool_status_t status = arcpool_default_allocator_get(device, &a);
+  if (status != ARCPOOL_STATUS_SUCCESS) return status;
+  return arcpool_stream_unregister(a, reinterpret_cast<arcpool_stream_t>(stream));
 }

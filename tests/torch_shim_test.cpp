@@ -4,9 +4,16 @@
 // (tests/python/test_torch.py).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
 
+#include "arcpool/arcpool.h"
 #include "conformance/conformance.hpp"
 
 extern "C" {
@@ -15,6 +22,14 @@ void arcpool_torch_free(void* ptr, size_t size, int device, cudaStream_t stream)
 void arcpool_torch_record_stream(void* ptr, cudaStream_t stream);
 void arcpool_torch_empty_cache();
 void arcpool_torch_set_memory_fraction(double fraction, int device);
+void arcpool_torch_begin_allocate_to_pool(int device,
+                                          std::pair<unsigned long long, unsigned long long> id,
+                                          std::function<bool(cudaStream_t)> filter);
+void arcpool_torch_end_allocate_to_pool(int device,
+                                        std::pair<unsigned long long, unsigned long long> id);
+void arcpool_torch_release_pool(int device, std::pair<unsigned long long, unsigned long long> id);
+arcpool_status_t arcpool_torch_capture_stream_begin(int device, cudaStream_t stream);
+arcpool_status_t arcpool_torch_capture_stream_end(int device, cudaStream_t stream);
 }
 
 namespace conformance {
@@ -112,6 +127,210 @@ TEST_F(TorchShim, AMemoryFractionOfZeroAllowsNoNewMemory) {
   EXPECT_NE(nullptr, p);
   arcpool_torch_free(p, size_t{1} << 20, 0, s);
   ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  cudaStreamDestroy(s);
+}
+
+/// Device 0's default allocator's statistics (the allocator the shim serves).
+arcpool_stats_t device0_stats() {
+  arcpool_allocator_t* a = nullptr;
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_default_allocator_get(0, &a));
+  arcpool_stats_t st{};
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stats_get(a, &st));
+  return st;
+}
+
+/// Waits (up to 10 s) until device 0's graph pools hold `bytes`: a released pool's memory goes
+/// back on the reclaim worker.
+bool graph_pool_bytes_reach(uint64_t bytes) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (device0_stats().graph_pool_bytes_current != bytes &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return device0_stats().graph_pool_bytes_current == bytes;
+}
+
+using torch_mempool_id = std::pair<unsigned long long, unsigned long long>;
+constexpr size_t kStepBytes = size_t{1} << 20;
+
+/// One torch.cuda.graph capture on `s` into PyTorch's pool `pool`, call by call: arcpool.torch
+/// registers the capture stream (its wrapper of CUDAGraph.capture_begin); capture_begin calls
+/// beginAllocateToPool with a filter that asks cudaStreamGetCaptureInfo, as CUDAGraph's does,
+/// then begins the capture; the step allocates an output and copies `input` into it (through a
+/// temporary it frees in the capture, with `temporary`); capture_end ends the capture, then
+/// calls endAllocateToPool. Returns the graph and sets `*out` to the output, which outlives it.
+cudaGraph_t capture_step(cudaStream_t s, torch_mempool_id pool, const void* input, void** out,
+                         bool temporary = true) {
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_begin(0, s));
+  auto capture_id = std::make_shared<unsigned long long>(0);  // CUDAGraph::capture_id_
+  arcpool_torch_begin_allocate_to_pool(0, pool, [capture_id](cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    if (cudaStreamGetCaptureInfo(stream, &status, &id) != cudaSuccess) {
+      throw std::runtime_error("cudaStreamGetCaptureInfo failed");
+    }
+    return status == cudaStreamCaptureStatusActive && id == *capture_id;
+  });
+  EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  EXPECT_EQ(cudaSuccess, cudaStreamGetCaptureInfo(s, &status, capture_id.get()));
+  void* tmp = temporary ? arcpool_torch_malloc(kStepBytes, 0, s) : nullptr;
+  if (tmp != nullptr) {
+    EXPECT_EQ(cudaSuccess, cudaMemcpyAsync(tmp, input, kStepBytes, cudaMemcpyDeviceToDevice, s));
+  }
+  *out = arcpool_torch_malloc(kStepBytes, 0, s);
+  EXPECT_EQ(cudaSuccess, cudaMemcpyAsync(*out, tmp != nullptr ? tmp : input, kStepBytes,
+                                         cudaMemcpyDeviceToDevice, s));
+  if (tmp != nullptr) arcpool_torch_free(tmp, kStepBytes, 0, s);  // dies inside the capture
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  arcpool_torch_end_allocate_to_pool(0, pool);
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_end(0, s));
+  return graph;
+}
+
+/// Replays `graph` (instantiated with auto-free-on-launch, as CUDAGraph does) three times after
+/// writing a new value into `input`, and expects each in `out`.
+void replay_step(cudaGraph_t graph, cudaStream_t s, void* input, const void* out) {
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaSuccess,
+            cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+  std::vector<unsigned char> host(kStepBytes);
+  for (int replay = 0; replay < 3; ++replay) {
+    ASSERT_EQ(cudaSuccess, cudaMemsetAsync(input, 10 + replay, kStepBytes, s));
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, s));
+    ASSERT_EQ(cudaSuccess,
+              cudaMemcpyAsync(host.data(), out, kStepBytes, cudaMemcpyDeviceToHost, s));
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+    EXPECT_EQ(10 + replay, host[0]) << "replay " << replay;
+    EXPECT_EQ(10 + replay, host[kStepBytes - 1]) << "replay " << replay;
+  }
+  ASSERT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+}
+
+TEST_F(TorchShim, AGraphCapturedThroughPyTorchsPoolHooksAllocatesFromItsGraphPool) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // torch.cuda.graph(g), then replays, the output tensor's death and the graph's reset
+  // (releasePool): the step's allocations are blocks of an arcpool graph pool, reserved outside
+  // the capture, and the pool's memory goes back once the graph is gone and the pool released.
+  const torch_mempool_id pool{0, 7};
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* x = arcpool_torch_malloc(kStepBytes, 0, s);  // a tensor made before the capture
+  ASSERT_NE(nullptr, x);
+  const arcpool_stats_t before = device0_stats();
+  void* out = nullptr;
+  cudaGraph_t graph = capture_step(s, pool, x, &out);
+  ASSERT_NE(nullptr, graph);
+  const arcpool_stats_t captured = device0_stats();
+  EXPECT_EQ(before.graph_pool_bytes_current + 2 * kStepBytes, captured.graph_pool_bytes_current)
+      << "the capture's allocations did not come from a graph pool";
+  EXPECT_EQ(before.graph_frees + 1, captured.graph_frees) << "the temporary";
+  replay_step(graph, s, x, out);
+  arcpool_torch_free(out, kStepBytes, 0, s);  // the output tensor dies after the replays
+  arcpool_torch_free(x, kStepBytes, 0, s);
+  EXPECT_EQ(before.graph_pool_bytes_current + 2 * kStepBytes,
+            device0_stats().graph_pool_bytes_current)
+      << "the graph still exists: its pool keeps its memory";
+  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  arcpool_torch_release_pool(0, pool);  // CUDAGraph::reset
+  EXPECT_TRUE(graph_pool_bytes_reach(before.graph_pool_bytes_current))
+      << "the released pool kept its memory";
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(s);
+}
+
+TEST_F(TorchShim, GraphsSharingAPoolShareItsMemoryUntilTheLastIsReset) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // torch.cuda.graph(g2, pool=g1.pool()): every beginAllocateToPool of a pool is matched by one
+  // releasePool. After g1's reset, g2 still holds the pool, so a third capture into it is
+  // served by the same graph pool, and reuses g1's output block, freed outside the captures
+  // once its work completed, rather than growing. (The steps free no temporary in their
+  // captures: such a block returns on the reclaim worker once its graph is gone, at a time
+  // the test cannot see.)
+  const torch_mempool_id pool{0, 9};
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* x = arcpool_torch_malloc(kStepBytes, 0, s);
+  ASSERT_NE(nullptr, x);
+  const uint64_t before = device0_stats().graph_pool_bytes_current;
+  void* out1 = nullptr;
+  void* out2 = nullptr;
+  void* out3 = nullptr;
+  cudaGraph_t g1 = capture_step(s, pool, x, &out1, /*temporary=*/false);
+  cudaGraph_t g2 = capture_step(s, pool, x, &out2, /*temporary=*/false);
+  ASSERT_NE(nullptr, g1);
+  ASSERT_NE(nullptr, g2);
+  arcpool_torch_free(out1, kStepBytes, 0, s);  // g1's output dies, then g1 itself
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(g1));
+  arcpool_torch_release_pool(0, pool);  // g1's reset
+  const uint64_t two_graphs = device0_stats().graph_pool_bytes_current;
+  EXPECT_EQ(before + 2 * kStepBytes, two_graphs) << "g1's block stays in the pool g2 holds";
+  cudaGraph_t g3 = capture_step(s, pool, x, &out3, /*temporary=*/false);
+  ASSERT_NE(nullptr, g3);
+  EXPECT_EQ(two_graphs, device0_stats().graph_pool_bytes_current)
+      << "the third capture was not served from g1's free block of the shared pool";
+  replay_step(g3, s, x, out3);
+  replay_step(g2, s, x, out2);
+  arcpool_torch_free(out2, kStepBytes, 0, s);
+  arcpool_torch_free(out3, kStepBytes, 0, s);
+  arcpool_torch_free(x, kStepBytes, 0, s);
+  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(g2));
+  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(g3));
+  arcpool_torch_release_pool(0, pool);  // g2's reset
+  arcpool_torch_release_pool(0, pool);  // g3's reset
+  EXPECT_TRUE(graph_pool_bytes_reach(before)) << "the pool outlived its graphs";
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(s);
+}
+
+TEST_F(TorchShim, APoolsFilterClaimingAStreamThatDoesNotCaptureGetsOrdinaryMemory) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // torch.cuda.use_mem_pool outside a capture calls beginAllocateToPool with a filter that
+  // claims the thread's streams, none capturing: graph pools lend only to captures, so the
+  // allocation gets arcpool's ordinary memory, and nothing raises.
+  const torch_mempool_id pool{0, 10};
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const uint64_t before = device0_stats().graph_pool_bytes_current;
+  arcpool_torch_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return true; });
+  void* p = nullptr;
+  EXPECT_NO_THROW(p = arcpool_torch_malloc(4096, 0, s));
+  EXPECT_NE(nullptr, p);
+  EXPECT_EQ(before, device0_stats().graph_pool_bytes_current);
+  arcpool_torch_free(p, 4096, 0, s);
+  arcpool_torch_end_allocate_to_pool(0, pool);
+  arcpool_torch_release_pool(0, pool);
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(s);
+}
+
+TEST_F(TorchShim, ACaptureOnAStreamArcpoolWasNotToldOfRaisesUnsupported) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // Without arcpool.torch's registration of the capture stream (a capture PyTorch's CUDAGraph
+  // did not begin, or a stream forked inside it), arcpool cannot tell the capturing stream,
+  // and the allocation raises with its UNSUPPORTED message, the pool hooks notwithstanding.
+  const std::pair<unsigned long long, unsigned long long> pool_id{0, 8};
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  arcpool_torch_begin_allocate_to_pool(0, pool_id, [](cudaStream_t) { return true; });
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  try {
+    arcpool_torch_malloc(4096, 0, s);
+    ADD_FAILURE() << "an allocation on an unknown capturing stream succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(nullptr, std::strstr(e.what(), "UNSUPPORTED")) << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  arcpool_torch_end_allocate_to_pool(0, pool_id);
+  arcpool_torch_release_pool(0, pool_id);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  EXPECT_EQ("", take_simcuda_violations());
   cudaStreamDestroy(s);
 }
 

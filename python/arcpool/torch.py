@@ -22,9 +22,18 @@ record: without it record_stream would silently do nothing), empty_cache and mem
 (a hard limit enforced by arcpool's counter). Each device's allocator is created on its first
 allocation.
 
-CUDA graph capture is not supported yet: PyTorch's graph-pool hooks take C++ types and need a
-shim built against libtorch. An allocation on a capturing stream raises RuntimeError with
-arcpool's UNSUPPORTED message, never an out-of-memory.
+CUDA graphs (torch.cuda.graph, make_graphed_callables): install() also sets PyTorch's three
+graph-pool hooks (begin/end allocate-to-pool, release-pool; their parameters are C++ types, so
+the shim defines them in C++) and wraps torch.cuda.CUDAGraph's capture_begin and capture_end so
+that the capture stream is registered with arcpool for the capture (arcpool acts on a capturing
+stream only if it created or registered it). Each of PyTorch's private pools is then an arcpool
+graph pool: memory reserved outside the capture, lent only to the captures bound to it, given
+back once its graphs are reset (docs/graphs.md, "PyTorch's graph pools"). An allocation on
+another stream that captures (a stream forked inside the capture, a capture begun with CUDA
+directly) raises RuntimeError with arcpool's UNSUPPORTED message, never an out-of-memory. Not
+yet run with PyTorch on a GPU: the hooks ran on simcuda only (tests/torch_shim_test.cpp).
+torch.compile(mode="reduce-overhead") is unsupported: its cudagraph trees need allocator
+checkpoints that pluggable allocators lack.
 
 Limits of any pluggable allocator, from PyTorch's CUDAPluggableAllocator (not yet run on a GPU
 with arcpool):
@@ -101,6 +110,11 @@ def install():
         "set_reset_fn": "arcpool_torch_empty_cache",
         "set_memory_fraction_fn": "arcpool_torch_set_memory_fraction",
     }
+    missing = [setter for setter in _GRAPH_HOOKS if not hasattr(native, setter)]
+    if missing:
+        raise RuntimeError(f"arcpool: this PyTorch ({torch.__version__}) lacks the pluggable "
+                           f"allocator's graph-pool setters {missing}; refusing to install "
+                           f"(CUDA graph capture would allocate outside its pools)")
     for setter, function in hooks.items():
         set_hook = getattr(native, setter, None)
         if set_hook is None:
@@ -109,9 +123,61 @@ def install():
                                    "refusing to install (record_stream would do nothing)")
             continue
         set_hook(_function_pointer(shim, function))
+    for setter, function in _GRAPH_HOOKS.items():
+        getattr(native, setter)(_function_pointer(shim, function))
     torch.cuda.memory.change_current_allocator(allocator)
+    _register_capture_streams(torch, shim)
     _installed = (allocator, shim)
     return _installed
+
+
+# PyTorch's graph-pool setters (torch 2.11: torch._C._CUDAPluggableAllocator) and the shim's
+# C++ functions of the matching types (python/arcpool_torch.cpp).
+_GRAPH_HOOKS = {
+    "set_begin_allocate_to_pool": "arcpool_torch_begin_allocate_to_pool",
+    "set_end_allocate_to_pool_fn": "arcpool_torch_end_allocate_to_pool",
+    "set_release_pool": "arcpool_torch_release_pool",
+}
+
+
+def _register_capture_streams(torch, shim):
+    """Wraps torch.cuda.CUDAGraph.capture_begin and capture_end (torch.cuda.graph calls them,
+    with the capture stream current): the stream is registered with the device's arcpool
+    allocator from just before the capture begins until just after it ends."""
+    graph = torch.cuda.CUDAGraph
+    if getattr(graph.capture_begin, "_arcpool_wrapped", False):
+        return
+    for name in ("arcpool_torch_capture_stream_begin", "arcpool_torch_capture_stream_end"):
+        getattr(shim, name).argtypes = [ctypes.c_int, ctypes.c_void_p]
+        getattr(shim, name).restype = ctypes.c_int
+    begin, end = graph.capture_begin, graph.capture_end
+
+    def capture_begin(self, *args, **kwargs):
+        device = torch.cuda.current_device()
+        stream = torch.cuda.current_stream(device).cuda_stream
+        _lib.check(shim.arcpool_torch_capture_stream_begin(device, stream),
+                   "registering the capture stream")
+        try:
+            begin(self, *args, **kwargs)
+        except BaseException:
+            shim.arcpool_torch_capture_stream_end(device, stream)
+            raise
+        self._arcpool_capture_stream = (device, stream)
+
+    def capture_end(self):
+        device, stream = self.__dict__.pop("_arcpool_capture_stream", (None, None))
+        try:
+            end(self)
+        except BaseException:
+            if stream is not None:
+                shim.arcpool_torch_capture_stream_end(device, stream)  # PyTorch's error first
+            raise
+        if stream is not None:
+            _lib.check(shim.arcpool_torch_capture_stream_end(device, stream),
+                       "unregistering the capture stream")
+
+    capture_begin._arcpool_wrapped = True
+    graph.capture_begin, graph.capture_end = capture_begin, capture_end
 
 
 def stats(device=0):
