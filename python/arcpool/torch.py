@@ -155,6 +155,8 @@ def _register_capture_streams(torch, shim):
     def capture_begin(self, *args, **kwargs):
         device = torch.cuda.current_device()
         stream = torch.cuda.current_stream(device).cuda_stream
+        if not stream:  # the default stream: PyTorch refuses to capture it, in its own words
+            return begin(self, *args, **kwargs)
         _lib.check(shim.arcpool_torch_capture_stream_begin(device, stream),
                    "registering the capture stream")
         try:
