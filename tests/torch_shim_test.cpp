@@ -152,6 +152,12 @@ bool graph_pool_bytes_reach(uint64_t bytes) {
   return device0_stats().graph_pool_bytes_current == bytes;
 }
 
+/// Bytes device 0's allocator holds outside its stream caches and graph pools: live
+/// allocations and blocks whose free has not run yet.
+uint64_t outside_pools(const arcpool_stats_t& st) {
+  return st.bytes_held_current - st.bytes_cached_current - st.graph_pool_bytes_current;
+}
+
 using torch_mempool_id = std::pair<unsigned long long, unsigned long long>;
 constexpr size_t kStepBytes = size_t{1} << 20;
 
@@ -283,6 +289,71 @@ TEST_F(TorchShim, GraphsSharingAPoolShareItsMemoryUntilTheLastIsReset) {
   arcpool_torch_release_pool(0, pool);  // g2's reset
   arcpool_torch_release_pool(0, pool);  // g3's reset
   EXPECT_TRUE(graph_pool_bytes_reach(before)) << "the pool outlived its graphs";
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(s);
+}
+
+TEST_F(TorchShim, ATensorFromBeforeTheCaptureFreedInItIsFreedOnceTheGraphIsGone) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // A captured step that drops a tensor made before the capture (x = f(x) in the step): PyTorch
+  // frees it on the capture stream while it captures. Each replay still reads it, so its free
+  // waits for the graph's end, after the stream's registration for the capture is withdrawn;
+  // a large output makes the graph pool grow during the capture.
+  const torch_mempool_id pool{0, 11};
+  constexpr size_t kLarge = size_t{64} << 20;  // above the stream caches' largest block
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* x = arcpool_torch_malloc(kStepBytes, 0, s);
+  ASSERT_NE(nullptr, x);
+  ASSERT_EQ(cudaSuccess, cudaMemsetAsync(x, 3, kStepBytes, s));
+  const arcpool_stats_t before = device0_stats();
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_begin(0, s));
+  auto capture_id = std::make_shared<unsigned long long>(0);
+  arcpool_torch_begin_allocate_to_pool(0, pool, [capture_id](cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    return cudaStreamGetCaptureInfo(stream, &status, &id) == cudaSuccess &&
+           status == cudaStreamCaptureStatusActive && id == *capture_id;
+  });
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ASSERT_EQ(cudaSuccess, cudaStreamGetCaptureInfo(s, &status, capture_id.get()));
+  void* out = arcpool_torch_malloc(kLarge, 0, s);
+  ASSERT_NE(nullptr, out);
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(out, x, kStepBytes, cudaMemcpyDeviceToDevice, s));
+  arcpool_torch_free(x, kStepBytes, 0, s);  // x's last reference goes inside the step
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  arcpool_torch_end_allocate_to_pool(0, pool);
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_end(0, s));
+  const arcpool_stats_t captured = device0_stats();
+  EXPECT_EQ(before.graph_deferred_frees + 1, captured.graph_deferred_frees);
+  EXPECT_GE(captured.graph_pool_bytes_current, before.graph_pool_bytes_current + kLarge);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaSuccess,
+            cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+  unsigned char first = 0;
+  for (int replay = 0; replay < 3; ++replay) {
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, s));
+    ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(&first, out, 1, cudaMemcpyDeviceToHost, s));
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+    EXPECT_EQ(3, first) << "replay " << replay << " read x after its free";
+  }
+  EXPECT_EQ(outside_pools(before), outside_pools(device0_stats()))
+      << "x was freed while its graph could still be launched";
+  arcpool_torch_free(out, kLarge, 0, s);
+  ASSERT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  arcpool_torch_release_pool(0, pool);
+  EXPECT_TRUE(graph_pool_bytes_reach(before.graph_pool_bytes_current));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (outside_pools(device0_stats()) != outside_pools(before) - kStepBytes &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(outside_pools(before) - kStepBytes, outside_pools(device0_stats()))
+      << "x's deferred free never completed";
+  EXPECT_EQ(0u, device0_stats().reclaim_failures);
   EXPECT_EQ("", take_simcuda_violations());
   cudaStreamDestroy(s);
 }
