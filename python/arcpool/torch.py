@@ -151,6 +151,7 @@ def _register_capture_streams(torch, shim):
         getattr(shim, name).argtypes = [ctypes.c_int, ctypes.c_void_p]
         getattr(shim, name).restype = ctypes.c_int
     begin, end = graph.capture_begin, graph.capture_end
+    registered = {}  # id(graph) -> (device, stream), from capture_begin until capture_end
 
     def capture_begin(self, *args, **kwargs):
         device = torch.cuda.current_device()
@@ -164,10 +165,10 @@ def _register_capture_streams(torch, shim):
         except BaseException:
             shim.arcpool_torch_capture_stream_end(device, stream)
             raise
-        self._arcpool_capture_stream = (device, stream)
+        registered[id(self)] = (device, stream)  # a pybind object may take no attributes
 
     def capture_end(self):
-        device, stream = self.__dict__.pop("_arcpool_capture_stream", (None, None))
+        device, stream = registered.pop(id(self), (None, None))
         try:
             end(self)
         except BaseException:
