@@ -67,6 +67,16 @@ lib.arcpool_record_stream.restype = ctypes.c_int
 lib.arcpool_memory_snapshot.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                         ctypes.POINTER(ctypes.c_size_t)]
 lib.arcpool_memory_snapshot.restype = ctypes.c_int
+for _name in ("arcpool_stream_register", "arcpool_stream_unregister"):
+    getattr(lib, _name).argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    getattr(lib, _name).restype = ctypes.c_int
+lib.arcpool_graph_pool_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+lib.arcpool_graph_pool_create.restype = ctypes.c_int
+for _name in ("arcpool_graph_pool_begin", "arcpool_graph_pool_end"):
+    getattr(lib, _name).argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    getattr(lib, _name).restype = ctypes.c_int
+lib.arcpool_graph_pool_release.argtypes = [ctypes.c_void_p]
+lib.arcpool_graph_pool_release.restype = ctypes.c_int
 
 
 class ArcpoolError(RuntimeError):

@@ -6,7 +6,14 @@
 CuPy's allocator hook passes no stream; this one reads CuPy's current stream on every call, so
 memory is stream-ordered the way CuPy's own MemoryAsyncPool is. Callers that cannot read a
 stream use the ambient-stream policy of the C API (arcpool_allocator_set_ambient_stream).
+
+CUDA graphs: install() wraps Stream.begin_capture and end_capture (cupy.cuda.Stream's and
+ExternalStream's). For the capture, the stream is registered with the device's allocator and
+the capture is bound to a graph pool of its own (docs/graphs.md, "CuPy's captures"): arrays made
+in the capture are blocks reserved outside it, so the graph launches any number of times, and
+the pool's memory goes back once the graph is gone and its arrays are freed.
 """
+import ctypes
 import gc
 import warnings
 
@@ -89,8 +96,80 @@ def install():
             cupy.cuda.memory.UnownedMemory(pointer, size, block, device), 0)
 
     cupy.cuda.set_allocator(malloc)
+    _capture_into_graph_pools(cupy)
     _installed = malloc
     return malloc
+
+
+def _capture_into_graph_pools(cupy):
+    """Wraps begin_capture and end_capture of cupy.cuda.Stream and ExternalStream: from just
+    before the capture begins until just after it ends the stream is registered with the
+    device's allocator (arcpool acts on a capturing stream only if it created or registered it),
+    and the capture is bound to a new graph pool, whose handle is released at the end (the pool
+    lives on while its graph and its blocks do)."""
+    lib = _lib.lib
+    captures = {}  # id(stream) -> (allocator, pool), from begin_capture until end_capture
+
+    def undo(stream, allocator, pool):
+        """Unbinds, releases and unregisters; the first failure's status, or 0."""
+        statuses = []
+        if pool is not None:
+            statuses.append(lib.arcpool_graph_pool_end(pool, stream.ptr))
+            statuses.append(lib.arcpool_graph_pool_release(pool))
+        statuses.append(lib.arcpool_stream_unregister(allocator, stream.ptr))
+        return next((status for status in statuses if status != 0), 0)
+
+    def wrap(cls):
+        begin, end = cls.begin_capture, cls.end_capture
+        if getattr(begin, "_arcpool_wrapped", False):
+            return
+
+        def begin_capture(self, mode=None):
+            if self.ptr in (0, 1, 2):  # the legacy and per-thread default streams: CuPy's say
+                return begin(self, mode)
+            device = self.device_id if self.device_id >= 0 else cupy.cuda.Device().id
+            allocator = _lib.default_allocator(device)
+            pool = ctypes.c_void_p()
+            _lib.check(lib.arcpool_graph_pool_create(allocator, ctypes.byref(pool)),
+                       "arcpool_graph_pool_create")
+            status = lib.arcpool_stream_register(allocator, self.ptr)
+            if status != 0:
+                lib.arcpool_graph_pool_release(pool)
+                _lib.check(status, "registering the capture stream")
+            try:
+                begin(self, mode)
+            except BaseException:
+                lib.arcpool_graph_pool_release(pool)
+                lib.arcpool_stream_unregister(allocator, self.ptr)
+                raise
+            status = lib.arcpool_graph_pool_begin(pool, self.ptr)
+            if status != 0:
+                error = _lib.ArcpoolError(status, "binding the capture to a graph pool")
+                try:
+                    end(self)  # the capture is abandoned: nothing was allocated in it
+                finally:
+                    lib.arcpool_graph_pool_release(pool)
+                    lib.arcpool_stream_unregister(allocator, self.ptr)
+                raise error
+            captures[id(self)] = (allocator, pool)
+
+        def end_capture(self):
+            allocator, pool = captures.pop(id(self), (None, None))
+            if allocator is None:
+                return end(self)
+            try:
+                graph = end(self)
+            except BaseException:
+                undo(self, allocator, pool)  # CuPy's error first
+                raise
+            _lib.check(undo(self, allocator, pool), "ending the capture's graph pool")
+            return graph
+
+        begin_capture._arcpool_wrapped = True
+        cls.begin_capture, cls.end_capture = begin_capture, end_capture
+
+    for cls in (cupy.cuda.Stream, cupy.cuda.ExternalStream):
+        wrap(cls)
 
 
 def stats(device=0):

@@ -41,6 +41,31 @@ class CupyDropIn(unittest.TestCase):
         self.assertEqual(0, empty.size)
         self.assertEqual(0.0, float(cupy.zeros(0).sum()))
 
+    def test_a_stream_capture_allocates_from_a_graph_pool_and_relaunches(self):
+        # Stream.begin_capture through arcpool.cupy's wrapper: the arrays made in the capture
+        # are blocks of a graph pool, so the graph keeps its output and launches again.
+        import cupy
+
+        import arcpool.cupy
+
+        arcpool.cupy.install()
+        before = arcpool.cupy.stats()["arcpool.graph_pool_bytes_current"]
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            x = cupy.ones(1 << 20, dtype=cupy.float32)
+            stream.begin_capture()
+            y = x * 2 + 1
+            graph = stream.end_capture()
+            self.assertGreaterEqual(arcpool.cupy.stats()["arcpool.graph_pool_bytes_current"],
+                                    before + 4 * (1 << 20))
+            for value in (3.0, 5.0):
+                x.fill(value)
+                graph.launch(stream=stream)
+                stream.synchronize()
+                self.assertTrue(bool((y == 2 * value + 1).all()))
+        del y, graph
+        stream.synchronize()
+
 
 if __name__ == "__main__":
     unittest.main()
