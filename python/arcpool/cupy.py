@@ -112,11 +112,9 @@ def _capture_into_graph_pools(cupy):
 
     def undo(stream, allocator, pool):
         """Unbinds, releases and unregisters; the first failure's status, or 0."""
-        statuses = []
-        if pool is not None:
-            statuses.append(lib.arcpool_graph_pool_end(pool, stream.ptr))
-            statuses.append(lib.arcpool_graph_pool_release(pool))
-        statuses.append(lib.arcpool_stream_unregister(allocator, stream.ptr))
+        statuses = (lib.arcpool_graph_pool_end(pool, stream.ptr),
+                    lib.arcpool_graph_pool_release(pool),
+                    lib.arcpool_stream_unregister(allocator, stream.ptr))
         return next((status for status in statuses if status != 0), 0)
 
     def wrap(cls):
@@ -125,7 +123,7 @@ def _capture_into_graph_pools(cupy):
             return
 
         def begin_capture(self, mode=None):
-            if self.ptr in (0, 1, 2):  # the legacy and per-thread default streams: CuPy's say
+            if self.ptr in (0, 1, 2):  # the legacy and per-thread default streams: left to CuPy
                 return begin(self, mode)
             device = self.device_id if self.device_id >= 0 else cupy.cuda.Device().id
             allocator = _lib.default_allocator(device)
