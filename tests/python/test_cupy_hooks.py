@@ -26,17 +26,37 @@ RUNTIME = _simcuda()
 
 
 class _Stream:
-    """cupy.cuda.Stream: a CUDA stream destroyed when the object dies."""
+    """cupy.cuda.Stream: a CUDA stream destroyed when the object dies. (Its captures, which
+    arcpool.cupy.install() wraps, are test_cupy_graphs.py's.)"""
 
     current = None
 
     def __init__(self):
         handle = ctypes.c_void_p()
         assert RUNTIME.cudaStreamCreateWithFlags(ctypes.byref(handle), 1) == 0
-        self.ptr = handle.value
+        self.ptr, self.device_id = handle.value, 0
 
     def __del__(self):
         RUNTIME.cudaStreamDestroy(ctypes.c_void_p(self.ptr))
+
+    def begin_capture(self, mode=None):
+        assert RUNTIME.cudaStreamBeginCapture(ctypes.c_void_p(self.ptr),
+                                              2 if mode is None else mode) == 0
+
+    def end_capture(self):
+        graph = ctypes.c_void_p()
+        assert RUNTIME.cudaStreamEndCapture(ctypes.c_void_p(self.ptr), ctypes.byref(graph)) == 0
+        return graph.value
+
+
+class _ExternalStream(_Stream):
+    """cupy.cuda.ExternalStream: a stream CuPy neither made nor destroys."""
+
+    def __init__(self, ptr, device_id=-1):
+        self.ptr, self.device_id = ptr, device_id
+
+    def __del__(self):
+        pass
 
 
 class _NullStream:
@@ -71,6 +91,7 @@ def _fake_cupy():
                              f"(allocated so far: {total:,} bytes).")
 
     cuda.Device = Device
+    cuda.Stream, cuda.ExternalStream = _Stream, _ExternalStream
     cuda.get_current_stream = lambda: _Stream.current or _NullStream()
     cuda.memory = types.SimpleNamespace(UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer,
                                         OutOfMemoryError=OutOfMemoryError)
