@@ -78,6 +78,30 @@ std::vector<torch_pool> g_pools;
 /// Captures between their begin and end hooks: while there are none, an allocation pays one
 /// load for all this.
 std::atomic<int> g_open_captures{0};
+/// The streams arcpool.torch registered for their captures (arcpool_torch_capture_stream_begin),
+/// with their devices, under g_pools_mutex: a capture is bound to its graph pool on one of them,
+/// also when its first allocation is on a stream it forked to.
+std::vector<std::pair<int, cudaStream_t>> g_capture_streams;
+
+/// Whether `stream` captures now, and the capture's id; throws if the query fails.
+bool capture_of(cudaStream_t stream, unsigned long long* capture) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (const cudaError_t e = cudaStreamGetCaptureInfo(stream, &status, capture); e != cudaSuccess) {
+    throw std::runtime_error(std::string("arcpool: cudaStreamGetCaptureInfo failed: ") +
+                             cudaGetErrorName(e));
+  }
+  return status == cudaStreamCaptureStatusActive;
+}
+
+/// The stream to bind `capture` on: a registered capture stream of `device` in that capture
+/// (arcpool binds a capture only on a stream it knows), else `stream` itself.
+cudaStream_t binding_stream(int device, cudaStream_t stream, unsigned long long capture) {
+  for (const auto& [d, known] : g_capture_streams) {
+    unsigned long long theirs = 0;
+    if (d == device && capture_of(known, &theirs) && theirs == capture) return known;
+  }
+  return stream;
+}
 
 torch_pool* find_pool(int device, const torch_mempool_id& id) {
   for (torch_pool& p : g_pools) {
@@ -92,13 +116,8 @@ torch_pool* find_pool(int device, const torch_mempool_id& id) {
 /// not capture is left alone (torch.cuda.use_mem_pool's filter claims those too: graph pools
 /// lend only to captures).
 void bind_capture(int device, cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long capture = 0;
-  if (const cudaError_t e = cudaStreamGetCaptureInfo(stream, &status, &capture); e != cudaSuccess) {
-    throw std::runtime_error(std::string("arcpool: cudaStreamGetCaptureInfo failed: ") +
-                             cudaGetErrorName(e));
-  }
-  if (status != cudaStreamCaptureStatusActive) return;
+  if (!capture_of(stream, &capture)) return;
   std::lock_guard<std::mutex> lock(g_pools_mutex);
   for (torch_pool& p : g_pools) {
     if (p.device != device || p.filters.empty()) continue;
@@ -108,11 +127,14 @@ void bind_capture(int device, cudaStream_t stream) {
     }
     for (const torch_stream_filter& claims : p.filters) {
       if (!claims(stream)) continue;
-      if (arcpool_graph_pool_begin(p.pool, reinterpret_cast<arcpool_stream_t>(stream)) !=
+      // A side stream the capture forked to may allocate first: bind on the capture's own
+      // stream, which arcpool knows; arcpool then serves the side stream from the pool too.
+      const cudaStream_t on = binding_stream(device, stream, capture);
+      if (arcpool_graph_pool_begin(p.pool, reinterpret_cast<arcpool_stream_t>(on)) !=
           ARCPOOL_STATUS_SUCCESS) {
         raise("binding the capture to its graph pool failed");
       }
-      p.bound.push_back(bound_capture{capture, stream});
+      p.bound.push_back(bound_capture{capture, on});
       return;
     }
   }
@@ -280,7 +302,13 @@ ARCPOOL_TORCH_API arcpool_status_t arcpool_torch_capture_stream_begin(int device
   const arcpool_status_t status = arcpool_default_allocator_get(device, &a);
   if (status != ARCPOOL_STATUS_SUCCESS) return status;
   mark_used(device);
-  return arcpool_stream_register(a, reinterpret_cast<arcpool_stream_t>(stream));
+  const arcpool_status_t registered =
+      arcpool_stream_register(a, reinterpret_cast<arcpool_stream_t>(stream));
+  if (registered == ARCPOOL_STATUS_SUCCESS) {
+    std::lock_guard<std::mutex> lock(g_pools_mutex);
+    g_capture_streams.emplace_back(device, stream);
+  }
+  return registered;
 }
 
 /// Called by arcpool.torch after PyTorch's CUDAGraph.capture_end (or a failed capture_begin):
@@ -288,6 +316,12 @@ ARCPOOL_TORCH_API arcpool_status_t arcpool_torch_capture_stream_begin(int device
 /// status (ctypes).
 ARCPOOL_TORCH_API arcpool_status_t arcpool_torch_capture_stream_end(int device,
                                                                     cudaStream_t stream) {
+  {
+    std::lock_guard<std::mutex> lock(g_pools_mutex);
+    const auto it = std::find(g_capture_streams.begin(), g_capture_streams.end(),
+                              std::make_pair(device, stream));
+    if (it != g_capture_streams.end()) g_capture_streams.erase(it);
+  }
   arcpool_allocator_t* a = nullptr;
   const arcpool_status_t status = arcpool_default_allocator_get(device, &a);
   if (status != ARCPOOL_STATUS_SUCCESS) return status;

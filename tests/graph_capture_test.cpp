@@ -867,6 +867,79 @@ TEST_P(GraphPools, ABlockDroppedInACaptureNotBoundToItsPoolGoesBackAtThePoolsRel
   release_pool_and_expect_all_back();
 }
 
+// A stream the bound capture forks to, which arcpool neither created nor registered (PyTorch's
+// side streams in torch.cuda.graph): named by its handle for the capture, it allocates from the
+// pool and gets its own freed block back, its blocks move by captured edges, and a block that
+// outlives the capture is freed on it afterwards. It was refused (UNSUPPORTED), being unknown.
+TEST_P(GraphPools, AStreamTheBoundCaptureForksToUsesThePoolThoughArcpoolDoesNotKnowIt) {
+  arcpool_stream_t s = make_stream(), side = make_app_stream();
+  host_bytes host;
+  arcpool_allocation_t* before = allocate(kBytes, s);
+  begin(s);
+  bind(s);
+  edge(s, side);  // fork
+  arcpool_allocation_t* a = allocate(kBytes, side);
+  ASSERT_TRUE(is_pool_block(a));
+  void* const block = data(a);
+  fill_async(side, block, kBytes, 3);
+  ASSERT_OK(arcpool_deallocate_async(a, side, 0));
+  arcpool_allocation_release(a);
+  arcpool_allocation_t* b = allocate(kBytes, side);
+  EXPECT_EQ(block, data(b)) << "freed earlier on the same stream of the capture";
+  fill_async(side, data(b), kBytes, 6);
+  // A use record needs the caller's word that the stream outlives the deallocation.
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_record_use(before, side));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "neither created nor registered"))
+      << arcpool_last_error();
+  // Memory from before the capture cannot be freed there: arcpool could not fence the stream
+  // once the graph is gone.
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(before, side, 0));
+  ASSERT_OK(arcpool_transfer(b, s));  // a captured edge from the side stream
+  EXPECT_EQ(s, info(b).current_stream);
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(host.p, data(b), kBytes, cudaMemcpyDefault, cu(s)));
+  arcpool_allocation_t* out = allocate(kBytes, side);  // outlives the capture
+  fill_async(side, data(out), kBytes, 7);
+  edge(side, s);  // join
+  ASSERT_OK(arcpool_deallocate_async(b, s, 0));
+  arcpool_allocation_release(b);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  cudaGraphExec_t exec = instantiate(graph);
+  for (int launch = 0; launch < 3; ++launch) {
+    std::memset(host.p, 0, kBytes);
+    ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+    sync(s);
+    ASSERT_TRUE(host.all(6)) << "launch " << launch;
+  }
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  ASSERT_OK(arcpool_deallocate_async(out, side, 0));  // outside captures: with a fence of it
+  arcpool_allocation_release(out);
+  ASSERT_OK(arcpool_deallocate_async(before, s, 0));
+  arcpool_allocation_release(before);
+  sync(side);
+  sync(s);
+  release_pool_and_expect_all_back();
+  destroy_app_stream(side);
+}
+
+// Without a graph pool bound to the capture, such a stream stays unknown while it captures.
+TEST_P(GraphPools, AStreamAnUnboundCaptureForksToIsRefused) {
+  arcpool_stream_t s = make_stream(), side = make_app_stream();
+  begin(s);
+  edge(s, side);  // fork
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_allocate_async(alloc_, kBytes, 0, side, 0, &a));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "bound to none of this allocator's graph"))
+      << arcpool_last_error();
+  EXPECT_EQ(nullptr, a);
+  edge(side, s);  // join
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  destroy_app_stream(side);
+  finish_and_expect_nothing_held();
+}
+
 TEST_P(GraphPools, BeginNeedsACapturingStreamAndEndABegin) {
   arcpool_stream_t s = make_stream();
   ASSERT_OK(arcpool_graph_pool_create(alloc_, &pool_));

@@ -161,14 +161,10 @@ uint64_t outside_pools(const arcpool_stats_t& st) {
 using torch_mempool_id = std::pair<unsigned long long, unsigned long long>;
 constexpr size_t kStepBytes = size_t{1} << 20;
 
-/// One torch.cuda.graph capture on `s` into PyTorch's pool `pool`, call by call: arcpool.torch
-/// registers the capture stream (its wrapper of CUDAGraph.capture_begin); capture_begin calls
-/// beginAllocateToPool with a filter that asks cudaStreamGetCaptureInfo, as CUDAGraph's does,
-/// then begins the capture; the step allocates an output and copies `input` into it (through a
-/// temporary it frees in the capture, with `temporary`); capture_end ends the capture, then
-/// calls endAllocateToPool. Returns the graph and sets `*out` to the output, which outlives it.
-cudaGraph_t capture_step(cudaStream_t s, torch_mempool_id pool, const void* input, void** out,
-                         bool temporary = true) {
+/// torch.cuda.graph's begin on `s` into PyTorch's pool `pool`: arcpool.torch's registration of
+/// `s`, beginAllocateToPool with a filter that claims the streams of this capture (as
+/// CUDAGraph::capture_begin's does, by cudaStreamGetCaptureInfo's id), the capture's begin.
+void begin_torch_capture(cudaStream_t s, torch_mempool_id pool) {
   EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_begin(0, s));
   auto capture_id = std::make_shared<unsigned long long>(0);  // CUDAGraph::capture_id_
   arcpool_torch_begin_allocate_to_pool(0, pool, [capture_id](cudaStream_t stream) {
@@ -182,6 +178,17 @@ cudaGraph_t capture_step(cudaStream_t s, torch_mempool_id pool, const void* inpu
   EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   EXPECT_EQ(cudaSuccess, cudaStreamGetCaptureInfo(s, &status, capture_id.get()));
+}
+
+/// One torch.cuda.graph capture on `s` into PyTorch's pool `pool`, call by call: arcpool.torch
+/// registers the capture stream (its wrapper of CUDAGraph.capture_begin); capture_begin calls
+/// beginAllocateToPool with a filter that asks cudaStreamGetCaptureInfo, as CUDAGraph's does,
+/// then begins the capture; the step allocates an output and copies `input` into it (through a
+/// temporary it frees in the capture, with `temporary`); capture_end ends the capture, then
+/// calls endAllocateToPool. Returns the graph and sets `*out` to the output, which outlives it.
+cudaGraph_t capture_step(cudaStream_t s, torch_mempool_id pool, const void* input, void** out,
+                         bool temporary = true) {
+  begin_torch_capture(s, pool);
   void* tmp = temporary ? arcpool_torch_malloc(kStepBytes, 0, s) : nullptr;
   if (tmp != nullptr) {
     EXPECT_EQ(cudaSuccess, cudaMemcpyAsync(tmp, input, kStepBytes, cudaMemcpyDeviceToDevice, s));
@@ -380,11 +387,64 @@ TEST_F(TorchShim, APoolsFilterClaimingAStreamThatDoesNotCaptureGetsOrdinaryMemor
   cudaStreamDestroy(s);
 }
 
+/// Makes later work captured on `to` follow the work captured on `from` so far (a fork or a
+/// join, as torch.cuda.Stream.wait_stream).
+void wait_stream(cudaStream_t to, cudaStream_t from) {
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(e, from));
+  ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(to, e, 0));
+  cudaEventDestroy(e);
+}
+
+TEST_F(TorchShim, ASideStreamTheCaptureForksToAllocatesFromTheGraphPool) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // torch.cuda.graph with a side stream (side.wait_stream(s); with torch.cuda.stream(side):
+  // ...; s.wait_stream(side)): arcpool.torch registers only the capture stream, and the side
+  // stream's temporary comes from the graph pool too (it raised UNSUPPORTED).
+  const torch_mempool_id pool{0, 9};
+  cudaStream_t s = nullptr, side = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  void* x = arcpool_torch_malloc(kStepBytes, 0, s);
+  ASSERT_NE(nullptr, x);
+  const arcpool_stats_t before = device0_stats();
+  begin_torch_capture(s, pool);
+  wait_stream(side, s);  // fork
+  void* tmp = nullptr;
+  ASSERT_NO_THROW(tmp = arcpool_torch_malloc(kStepBytes, 0, side));
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(tmp, x, kStepBytes, cudaMemcpyDeviceToDevice, side));
+  wait_stream(s, side);  // join
+  void* out = arcpool_torch_malloc(kStepBytes, 0, s);
+  ASSERT_EQ(cudaSuccess, cudaMemcpyAsync(out, tmp, kStepBytes, cudaMemcpyDeviceToDevice, s));
+  arcpool_torch_record_stream(tmp, s);  // tmp.record_stream(s): its free follows the copy
+  arcpool_torch_free(tmp, kStepBytes, 0, side);
+  wait_stream(s, side);  // the side stream's last captured work, joined
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  arcpool_torch_end_allocate_to_pool(0, pool);
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_end(0, s));
+  EXPECT_EQ(before.graph_pool_bytes_current + 2 * kStepBytes,
+            device0_stats().graph_pool_bytes_current)
+      << "the side stream's temporary did not come from the graph pool";
+  replay_step(graph, s, x, out);
+  arcpool_torch_free(out, kStepBytes, 0, s);
+  arcpool_torch_free(x, kStepBytes, 0, s);
+  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  arcpool_torch_release_pool(0, pool);
+  EXPECT_TRUE(graph_pool_bytes_reach(before.graph_pool_bytes_current))
+      << "the released pool kept its memory";
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(side);
+  cudaStreamDestroy(s);
+}
+
 TEST_F(TorchShim, ACaptureOnAStreamArcpoolWasNotToldOfRaisesUnsupported) {
   CONFORMANCE_SIMCUDA_ONLY();
   // Without arcpool.torch's registration of the capture stream (a capture PyTorch's CUDAGraph
-  // did not begin, or a stream forked inside it), arcpool cannot tell the capturing stream,
-  // and the allocation raises with its UNSUPPORTED message, the pool hooks notwithstanding.
+  // did not begin), arcpool cannot tell the capturing stream, and the allocation raises with
+  // its UNSUPPORTED message, the pool hooks notwithstanding: nothing bound the capture to a
+  // graph pool on a stream arcpool knows (the binding itself is refused).
   const std::pair<unsigned long long, unsigned long long> pool_id{0, 8};
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

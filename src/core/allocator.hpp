@@ -267,8 +267,8 @@ class allocator {
   arcpool_status_t deallocate_in_capture(allocation& a, const stream_ref& caller, bool force,
                                          bool implicit);
   /// UNSUPPORTED unless `s` captures in the same capture as `capturing` (which captures, and
-  /// which arcpool created or registered): transfers, use records and frees do not cross a
-  /// capture's boundary.
+  /// which arcpool created or registered, or names capture-scoped): transfers, use records and
+  /// frees do not cross a capture's boundary.
   arcpool_status_t same_capture(const stream_ref& s, const stream_ref& capturing, const char* what);
   /// Captured edges from `a`'s current stream and use records' streams to `target`, all in one
   /// capture (checked first: a refusal enqueues nothing).

@@ -49,12 +49,23 @@ arcpool_status_t allocator::resolve_capturing_stream(stream_handle s, stream_ref
       stream_cache_line_of(s) = stream_cache_line{stamp, s, out->id, out->entry, out->kind};
       return ARCPOOL_STATUS_SUCCESS;
     }
+    // A stream the capture forked to: named by its handle while its capture is bound to one of
+    // this allocator's graph pools, which was begun on a stream arcpool knows (its device was
+    // checked then). Not cached: the identity lasts for this capture only.
+    capture_info capture;
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(s, &capture));
+    if (bound_pool(capture.id) != nullptr) {
+      out->id = capture_scoped_id(s);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
   }
   return fail(ARCPOOL_STATUS_UNSUPPORTED,
-              "stream %p is capturing a CUDA graph and is not one arcpool created or registered: "
-              "arcpool identifies a capturing stream only by its registry (whether "
-              "cudaStreamGetId is legal during capture is undocumented); create it with "
-              "arcpool_stream_create or register it before the capture",
+              "stream %p is capturing a CUDA graph and is not one arcpool created or registered, "
+              "and its capture is bound to none of this allocator's graph pools: arcpool "
+              "identifies such a stream only by its registry (whether cudaStreamGetId is legal "
+              "during capture is undocumented); create it with arcpool_stream_create or register "
+              "it before the capture, or bind the capture to a graph pool "
+              "(arcpool_graph_pool_begin)",
               static_cast<void*>(s));
 }
 
@@ -130,7 +141,7 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
 arcpool_status_t allocator::same_capture(const stream_ref& s, const stream_ref& capturing,
                                          const char* what) {
   if (!driver_->supports_graphs()) return capturing_failure(capturing, what);
-  if (!capturing.entry) {
+  if (!capturing.entry && !capturing.capture_scoped()) {
     return fail(ARCPOOL_STATUS_UNSUPPORTED,
                 "%s: capturing stream %p is not one arcpool created or registered", what,
                 static_cast<void*>(capturing.handle));

@@ -112,7 +112,25 @@ struct stream_ref {
   bool reachable() const {
     return kind != stream_kind::per_thread_default || thread == this_thread_serial();
   }
+  /// True for a stream arcpool neither created nor registered, named while it captured into a
+  /// capture bound to a graph pool: its identity is capture_scoped_id(handle).
+  bool capture_scoped() const { return entry == nullptr && (id & kCaptureScopedBit) != 0; }
+
+  /// The bit that marks a capture-scoped identity. Assumed absent from cudaStreamGetId's
+  /// answers (documented only as unique in the process; simcuda and the host drivers count
+  /// streams from 1).
+  static constexpr uint64_t kCaptureScopedBit = uint64_t{1} << 63;
 };
+
+/// The identity of a stream arcpool neither created nor registered while it captures into a
+/// capture bound to one of the allocator's graph pools (docs/graphs.md, "Streams a capture forks
+/// to"): its handle, marked. arcpool does not ask cudaStreamGetId during a capture; the handle
+/// names one stream for as long as that stream captures (a forked stream is joined back before
+/// the capture ends, and the application does not destroy a stream it passes while it
+/// captures), which is all a graph pool's tags need.
+inline uint64_t capture_scoped_id(stream_handle s) noexcept {
+  return stream_ref::kCaptureScopedBit | static_cast<uint64_t>(reinterpret_cast<uintptr_t>(s));
+}
 
 /// The calling thread's line for `s` (its stream lookups are part of its thread_state).
 inline stream_cache_line& stream_cache_line_of(stream_handle s) noexcept {

@@ -103,9 +103,19 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   fence_ref fence;
   if (capturing) {
     // Within one capture: no fence now (an event recorded in a capture is no fence); the
-    // deallocation in the capture makes a captured edge from it (docs/graphs.md). same_capture
-    // refuses a user arcpool did not create or register, so it can be fenced once the capture
-    // is over, should the deallocation come then.
+    // deallocation in the capture makes a captured edge from it (docs/graphs.md). Should the
+    // deallocation come after the capture, the user is fenced then: same_capture refuses a
+    // user arcpool neither created, registered nor named capture-scoped, and a capture-scoped
+    // one (a stream the capture forked to) may be gone by then unless the caller says not.
+    if (user.capture_scoped() &&
+        (flags & ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION) == 0) {
+      return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                  "record_use of %s on stream %p during a capture: arcpool neither created nor "
+                  "registered the stream, so it could not fence it should the deallocation come "
+                  "after the capture; register it, or pass "
+                  "ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION",
+                  a.describe().c_str(), static_cast<void*>(user.handle));
+    }
     ARCPOOL_RETURN_IF_ERROR(same_capture(a.current, user, "record_use"));
   } else {
     // An unregistered stream may be gone by deallocation time: fence it now (§6), unless the
