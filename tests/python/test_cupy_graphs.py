@@ -46,6 +46,14 @@ class _Runtime:
     def call(self, name, *args):
         _check(getattr(self.rt, name)(*args), name)
 
+    def wait(self, to, frm):
+        """Later work on stream `to` follows the work on `frm` so far (a fork or a join)."""
+        event = ctypes.c_void_p()
+        self.call("cudaEventCreateWithFlags", ctypes.byref(event), 2)  # cudaEventDisableTiming
+        self.call("cudaEventRecord", event, ctypes.c_void_p(frm))
+        self.call("cudaStreamWaitEvent", ctypes.c_void_p(to), event, 0)
+        self.call("cudaEventDestroy", event)
+
 
 def _stand_in_cupy(runtime):
     """cupy.cuda with Stream and ExternalStream whose captures call CUDA as CuPy's do."""
@@ -124,6 +132,31 @@ class CuPyCaptureIntoGraphPools(unittest.TestCase):
         self.assertEqual(before, _graph_pool_bytes(), "the pool's memory went back")
         self.runtime.call("cudaStreamSynchronize", ctypes.c_void_p(s.ptr))
         self.runtime.call("cudaStreamDestroy", ctypes.c_void_p(s.ptr))
+
+    def test_a_stream_the_capture_forks_to_allocates_from_its_graph_pool(self):
+        # A stream the capture forks to (it waits on an event recorded in the capture) is never
+        # registered: its arrays are blocks of the capture's graph pool all the same
+        # (docs/graphs.md, "Streams a capture forks to"). It was refused (UNSUPPORTED).
+        s, side = self.cupy.cuda.Stream(), self.cupy.cuda.Stream()
+        before = _graph_pool_bytes()
+        s.begin_capture()
+        self.runtime.wait(side.ptr, s.ptr)  # fork
+        p = self.lib.arcpool_malloc_async(MIB, 0, side.ptr)
+        self.assertTrue(p, self.lib.arcpool_last_error())
+        self.runtime.call("cudaMemsetAsync", ctypes.c_void_p(p), 1, ctypes.c_size_t(MIB),
+                          ctypes.c_void_p(side.ptr))
+        _check(self.lib.arcpool_free_async(p, MIB, 0, side.ptr), "arcpool_free_async")
+        self.runtime.wait(s.ptr, side.ptr)  # join
+        graph = s.end_capture()
+        self.assertEqual(before + MIB, _graph_pool_bytes(), "a block of the graph pool")
+        self.runtime.call("cudaGraphDestroy", ctypes.c_void_p(graph))
+        deadline = time.time() + 10
+        while _graph_pool_bytes() != before and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(before, _graph_pool_bytes(), "the pool's memory went back")
+        for stream in (s, side):
+            self.runtime.call("cudaStreamSynchronize", ctypes.c_void_p(stream.ptr))
+            self.runtime.call("cudaStreamDestroy", ctypes.c_void_p(stream.ptr))
 
     def test_the_stream_is_registered_only_for_the_capture(self):
         # After the capture an allocation on the stream is an ordinary one, and the stream may
