@@ -2,6 +2,7 @@
 // reference and the programming guide describe them.
 #include <cuda.h>
 
+#include <cstdio>
 #include <thread>
 
 #include "conformance.hpp"
@@ -440,6 +441,36 @@ TEST_F(Devices, ANewThreadHasNoCurrentContextUntilItsFirstRuntimeCall) {
     EXPECT_EQ(cudaSuccess, cudaSetDevice(0));
     EXPECT_NE(nullptr, arcpool::test::current_context());
   }).join();
+}
+
+// Whether cudaStreamIsCapturing, given a created stream, needs a current context (and so makes
+// one current, "If no CUcontext is current [...] when a CUDA Runtime API call which requires an
+// active context is made") is not in the Runtime API reference. arcpool's capture check runs
+// under a device guard (cuCtxGetCurrent), which on the H200 was half of the cached pair's four
+// runtime calls (docs/performance.md): if a runtime answers on a thread with no context and
+// binds none, the check on a created or registered stream needs no guard. Prints the answer.
+TEST_F(Devices, ACaptureQueryOnAThreadWithNoContextAnswersAndMayMakeOneCurrent) {
+  cudaStream_t s = make_stream();
+  ASSERT_NE(nullptr, arcpool::test::current_context()) << "the fixture's calls made it current";
+  cudaError_t asked = cudaErrorUnknown;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+  bool bound = false;
+  std::thread([&] {
+    EXPECT_EQ(nullptr, arcpool::test::current_context()) << "no runtime call on this thread yet";
+    asked = cudaStreamIsCapturing(s, &status);
+    bound = arcpool::test::current_context() != nullptr;
+    cudaGetLastError();
+  }).join();
+  std::printf(
+      "[probe] cudaStreamIsCapturing of a created stream on a thread with no current context: "
+      "%s; the thread's context afterwards: %s\n",
+      cudaGetErrorName(asked), bound ? "made current by the call" : "none");
+  RecordProperty("stream_is_capturing_without_context", cudaGetErrorName(asked));
+  RecordProperty("stream_is_capturing_binds_context", bound ? "yes" : "no");
+  if (asked == cudaSuccess) {
+    EXPECT_EQ(cudaStreamCaptureStatusNone, status) << "the stream does not capture";
+  }
+  cudaStreamDestroy(s);
 }
 
 TEST_F(Pools, AnOwnedPoolWithoutInternalDependenciesInsertsNoHiddenWait) {
