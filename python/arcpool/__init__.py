@@ -7,6 +7,7 @@
     arcpool.torch.install()   # PyTorch's allocator (before the first CUDA tensor)
     arcpool.cupy.install()    # CuPy's allocator
     arcpool.rmm.install()     # RMM's resource for device 0 (rmm.mr.CallbackMemoryResource)
+    arcpool.ipc.Exporter(arcpool.ipc.SharedAllocator(), sock)  # memory for another process
 
 Bindings are ctypes over libarcpool (no compiled extension); ARCPOOL_LIBRARY_DIR names the
 folder holding libarcpool.so.0 if it is not found next to the package or in a build tree.
@@ -136,10 +137,11 @@ def dump_snapshot(filename="dump_snapshot.pickle", device=0):
 
 def __getattr__(name):
     """Names resolved on first use. arcpool.torch / .cupy / .rmm load lazily: they need torch /
-    cupy / rmm. arcpool.DRIVER, the driver device 0 would use ("cuda" or "host"), is asked for
-    then and kept: importing arcpool makes no CUDA call, so a process may import it and then
-    fork workers that use CUDA (a child forked after its parent initialized CUDA cannot)."""
-    if name in ("torch", "cupy", "rmm"):
+    cupy / rmm (arcpool.ipc needs nothing more, and loads lazily too). arcpool.DRIVER, the
+    driver device 0 would use ("cuda" or "host"), is asked for then and kept: importing arcpool
+    makes no CUDA call, so a process may import it and then fork workers that use CUDA (a child
+    forked after its parent initialized CUDA cannot)."""
+    if name in ("torch", "cupy", "rmm", "ipc"):
         import importlib
 
         return importlib.import_module(f".{name}", __name__)
