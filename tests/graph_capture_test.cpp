@@ -880,6 +880,7 @@ TEST_P(GraphPools, AStreamTheBoundCaptureForksToUsesThePoolThoughArcpoolDoesNotK
   edge(s, side);  // fork
   arcpool_allocation_t* a = allocate(kBytes, side);
   ASSERT_TRUE(is_pool_block(a));
+  EXPECT_EQ(1u, info(a).current_stream_id >> 63) << "named by its marked handle";
   void* const block = data(a);
   fill_async(side, block, kBytes, 3);
   ASSERT_OK(arcpool_deallocate_async(a, side, 0));
