@@ -120,6 +120,31 @@ class TwoProcesses(unittest.TestCase):
         self.finish()
 
 
+# An exporting process that shares its pool, sends nothing and exits.
+_EXPORTER_THAT_EXITS = textwrap.dedent("""
+    import sys
+    import arcpool.ipc as ipc
+    allocator = ipc.SharedAllocator()
+    exporter = ipc.Exporter(allocator, int(sys.argv[1]))
+""")
+
+
+@unittest.skipUnless(arcpool.DRIVER == "cuda" and _cudart() is not None,
+                     "arcpool's CUDA driver (a GPU or simcuda) and libcudart are not available")
+class ExporterGone(unittest.TestCase):
+    def test_a_receive_after_the_exporter_exited_raises_peer_gone(self):
+        ours, theirs = socket.socketpair()
+        child = subprocess.Popen([sys.executable, "-c", _EXPORTER_THAT_EXITS,
+                                  str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+        theirs.close()
+        with ipc.Importer(ours) as importer:
+            ours.close()
+            self.assertEqual(0, child.wait(timeout=60))
+            with self.assertRaises(ipc.ArcpoolError) as gone:
+                importer.receive()
+            self.assertEqual("ARCPOOL_STATUS_PEER_GONE", gone.exception.status)
+
+
 @unittest.skipUnless(arcpool.DRIVER == "host", "the host driver is not the driver here")
 class HostDriver(unittest.TestCase):
     def test_the_host_driver_shares_no_memory_and_the_sockets_stay_the_callers(self):
