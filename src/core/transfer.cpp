@@ -112,7 +112,7 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
       return fail(ARCPOOL_STATUS_UNSUPPORTED,
                   "record_use of %s on stream %p during a capture: arcpool neither created nor "
                   "registered the stream, so it could not fence it should the deallocation come "
-                  "after the capture; register it, or pass "
+                  "after the capture; register it before the capture, or pass "
                   "ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION",
                   a.describe().c_str(), static_cast<void*>(user.handle));
     }
