@@ -118,24 +118,55 @@ def _socket_fd(sock):
     return os.dup(fileno)
 
 
-class Allocation:
-    """One allocation, with its claim (an owner) and a reference. deallocate() gives up the
-    claim, stream-ordered; release() (or garbage collection) drops the reference."""
+class _Owned:
+    """An arcpool handle this object owns, given back once: by close() (or release() for an
+    Allocation), at the end of a `with` block, or when the object is collected."""
 
     _handle = None  # set once created: close() and __del__ after a failed __init__ do nothing
+    _what = "object"
+    _gone = "closed"
 
-    def __init__(self, handle):
-        self._handle = handle
+    @staticmethod
+    def _give_back(handle):
+        """Gives `handle` back: each class names its C function."""
+        raise NotImplementedError
 
     @property
     def handle(self):
-        """The arcpool_allocation_t* (None once released)."""
+        """The C handle (None once given back)."""
         return self._handle
 
     def _live_handle(self):
         if self._handle is None:
-            raise ValueError("the allocation was released")
+            raise ValueError(f"the {self._what} was {self._gone}")
         return self._handle
+
+    def close(self):
+        """Gives the handle back (once; later calls do nothing)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            self._give_back(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class Allocation(_Owned):
+    """One allocation, with its claim (an owner) and a reference. deallocate() gives up the
+    claim, stream-ordered; release() (or close(), or garbage collection) drops the reference."""
+
+    _what = "allocation"
+    _gone = "released"
+    _give_back = staticmethod(lib.arcpool_allocation_release)
+
+    def __init__(self, handle):
+        self._handle = handle
 
     @property
     def ptr(self):
@@ -165,19 +196,16 @@ class Allocation:
 
     def release(self):
         """Drops the reference (the record goes once no one refers to it)."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            lib.arcpool_allocation_release(handle)
-
-    def __del__(self):
-        self.release()
+        self.close()
 
 
-class SharedAllocator:
+class SharedAllocator(_Owned):
     """An arcpool allocator of `device` whose own pool another process may import: created with
-    the POSIX file-descriptor handle type (a device's default pool cannot be exported)."""
+    the POSIX file-descriptor handle type (a device's default pool cannot be exported). close()
+    releases it; its live allocations keep it alive until they are gone."""
 
-    _handle = None  # set once created: close() and __del__ after a failed __init__ do nothing
+    _what = "allocator"
+    _give_back = staticmethod(lib.arcpool_allocator_destroy)
 
     def __init__(self, device=0):
         options = _Options()
@@ -195,42 +223,22 @@ class SharedAllocator:
               "arcpool_allocator_create")
         self._handle = handle
 
-    @property
-    def handle(self):
-        """The arcpool_allocator_t* (None once closed)."""
-        return self._handle
-
     def allocate(self, nbytes, stream=None):
         """A new Allocation of `nbytes`, usable on `stream` in stream order."""
-        if self._handle is None:
-            raise ValueError("the allocator was closed")
         out = ctypes.c_void_p()
-        check(lib.arcpool_allocate_async(self._handle, nbytes, 0, _stream(stream), 0,
+        check(lib.arcpool_allocate_async(self._live_handle(), nbytes, 0, _stream(stream), 0,
                                          ctypes.byref(out)), "arcpool_allocate_async")
         return Allocation(out)
 
-    def close(self):
-        """Releases the allocator (its live allocations keep it alive until they are gone)."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            lib.arcpool_allocator_destroy(handle)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-
-class Exporter:
+class Exporter(_Owned):
     """Shares `allocator`'s pool with the process at the other end of `sock` (a connected AF_UNIX
     SOCK_STREAM socket, or its descriptor) whose Importer joins it: blocks until its greeting
-    arrives. The allocations sent stay claimed until that process released them or exited."""
+    arrives. The allocations sent stay claimed until that process released them or exited.
+    close() sends nothing more; claims still held go as the importer releases them or exits."""
 
-    _handle = None  # set once created: close() and __del__ after a failed __init__ do nothing
+    _what = "exporter"
+    _give_back = staticmethod(lib.arcpool_ipc_exporter_destroy)
 
     def __init__(self, allocator, sock):
         fd = _socket_fd(sock)
@@ -244,41 +252,25 @@ class Exporter:
     def send(self, allocation):
         """Sends `allocation` (of this exporter's allocator): the importer's stream will wait
         for the work queued so far on every stream that may use it."""
-        if self._handle is None:
-            raise ValueError("the exporter was closed")
-        check(lib.arcpool_ipc_send(self._handle, allocation._live_handle()), "arcpool_ipc_send")
+        check(lib.arcpool_ipc_send(self._live_handle(), allocation._live_handle()),
+              "arcpool_ipc_send")
 
     @property
     def outstanding(self):
         """Allocations sent that the importer has neither released nor outlived."""
-        if self._handle is None:
-            raise ValueError("the exporter was closed")
         count = ctypes.c_size_t()
-        check(lib.arcpool_ipc_exporter_outstanding(self._handle, ctypes.byref(count)),
+        check(lib.arcpool_ipc_exporter_outstanding(self._live_handle(), ctypes.byref(count)),
               "arcpool_ipc_exporter_outstanding")
         return count.value
 
-    def close(self):
-        """Sends nothing more; claims still held go as the importer releases them or exits."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            lib.arcpool_ipc_exporter_destroy(handle)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-
-class Importer:
+class Importer(_Owned):
     """Joins the Exporter at the other end of `sock` (blocks until its pool arrives), importing
-    its pool for `allocator` (default: `device`'s default allocator)."""
+    its pool for `allocator` (default: `device`'s default allocator). close() drops this handle:
+    the connection and the imported pool go once every allocation received is freed."""
 
-    _handle = None  # set once created: close() and __del__ after a failed __init__ do nothing
+    _what = "importer"
+    _give_back = staticmethod(lib.arcpool_ipc_importer_destroy)
 
     def __init__(self, sock, allocator=None, device=0):
         target = allocator.handle if allocator is not None else _lib.default_allocator(device)
@@ -294,25 +286,7 @@ class Importer:
         """The next allocation sent (blocks until one arrives), usable on `stream` once the
         exporter's work on it is done (the stream waits for it). ArcpoolError PEER_GONE once
         the exporter exited or closed."""
-        if self._handle is None:
-            raise ValueError("the importer was closed")
         out = ctypes.c_void_p()
-        check(lib.arcpool_ipc_receive(self._handle, _stream(stream), ctypes.byref(out)),
+        check(lib.arcpool_ipc_receive(self._live_handle(), _stream(stream), ctypes.byref(out)),
               "arcpool_ipc_receive")
         return Allocation(out)
-
-    def close(self):
-        """Drops this handle; the connection and the imported pool go once every allocation
-        received is freed."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            lib.arcpool_ipc_importer_destroy(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()

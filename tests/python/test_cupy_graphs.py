@@ -11,19 +11,11 @@ import unittest
 
 import arcpool
 import arcpool.cupy as ac
+import cuda_runtime
 
 MIB = 1 << 20
 _RELAXED = 2  # cudaStreamCaptureModeRelaxed, CuPy's default
 _NON_BLOCKING = 1  # cudaStreamNonBlocking
-
-
-def _cudart():
-    for name in ("libcudart.so.13", "libcudart.so"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
 
 
 def _check(error, what):
@@ -87,11 +79,11 @@ def _graph_pool_bytes():
     return arcpool.stats(0)["arcpool.graph_pool_bytes_current"]
 
 
-@unittest.skipUnless(arcpool.DRIVER == "cuda" and _cudart() is not None,
+@unittest.skipUnless(arcpool.DRIVER == "cuda" and cuda_runtime.load() is not None,
                      "arcpool's CUDA driver (a GPU or simcuda) and libcudart are not available")
 class CuPyCaptureIntoGraphPools(unittest.TestCase):
     def setUp(self):
-        self.runtime = _Runtime(_cudart())
+        self.runtime = _Runtime(cuda_runtime.load())
         self.cupy = _stand_in_cupy(self.runtime)
         ac._capture_into_graph_pools(self.cupy)
         self.lib = arcpool._lib.lib

@@ -4,7 +4,6 @@ process given its end of a socketpair. The two-process tests run where arcpool's
 where it is the driver.
 """
 import ctypes
-import os
 import signal
 import socket
 import subprocess
@@ -16,6 +15,7 @@ import unittest
 
 import arcpool
 import arcpool.ipc as ipc
+import cuda_runtime
 
 MIB = 1 << 20
 
@@ -40,15 +40,6 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _cudart():
-    for name in ("libcudart.so.13", "libcudart.so"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
 def _eventually(predicate, seconds=20):
     deadline = time.time() + seconds
     while not predicate() and time.time() < deadline:
@@ -56,11 +47,11 @@ def _eventually(predicate, seconds=20):
     return predicate()
 
 
-@unittest.skipUnless(arcpool.DRIVER == "cuda" and _cudart() is not None,
+@unittest.skipUnless(arcpool.DRIVER == "cuda" and cuda_runtime.load() is not None,
                      "arcpool's CUDA driver (a GPU or simcuda) and libcudart are not available")
 class TwoProcesses(unittest.TestCase):
     def setUp(self):
-        self.rt = _cudart()
+        self.rt = cuda_runtime.load()
         self.ours, theirs = socket.socketpair()
         self.child = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
@@ -129,7 +120,7 @@ _EXPORTER_THAT_EXITS = textwrap.dedent("""
 """)
 
 
-@unittest.skipUnless(arcpool.DRIVER == "cuda" and _cudart() is not None,
+@unittest.skipUnless(arcpool.DRIVER == "cuda" and cuda_runtime.load() is not None,
                      "arcpool's CUDA driver (a GPU or simcuda) and libcudart are not available")
 class ExporterGone(unittest.TestCase):
     def test_a_receive_after_the_exporter_exited_raises_peer_gone(self):
