@@ -66,6 +66,36 @@ class CupyDropIn(unittest.TestCase):
         del y, graph
         stream.synchronize()
 
+    def test_a_stream_the_capture_forks_to_allocates_from_its_graph_pool(self):
+        # A side stream that waits on the capturing stream joins the capture; arcpool was never
+        # told of it, and its arrays come from the capture's graph pool all the same.
+        import cupy
+
+        import arcpool.cupy
+
+        arcpool.cupy.install()
+        before = arcpool.cupy.stats()["arcpool.graph_pool_bytes_current"]
+        stream = cupy.cuda.Stream(non_blocking=True)
+        side = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            x = cupy.ones(1 << 20, dtype=cupy.float32)
+            stream.begin_capture()
+            side.wait_event(stream.record())  # fork
+            with side:
+                y = x * 2
+            stream.wait_event(side.record())  # join
+            z = y + 1
+            graph = stream.end_capture()
+            self.assertGreaterEqual(arcpool.cupy.stats()["arcpool.graph_pool_bytes_current"],
+                                    before + 8 * (1 << 20))
+            for value in (3.0, 5.0):
+                x.fill(value)
+                graph.launch(stream=stream)
+                stream.synchronize()
+                self.assertTrue(bool((z == 2 * value + 1).all()))
+        del y, z, graph
+        stream.synchronize()
+
 
 if __name__ == "__main__":
     unittest.main()
