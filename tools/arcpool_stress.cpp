@@ -6,7 +6,9 @@
 // On the host driver the same program runs with host fill/verify work (CI runs it there).
 // --graphs (CUDA driver) adds graph workers: each captures a step (graph allocations or a graph
 // pool's blocks, fills, a fork that verifies on a second stream, a join, the frees, and an
-// earlier allocation freed during the capture), replays it, and destroys it (docs/graphs.md).
+// earlier allocation freed during the capture; a pooled step also forks to a stream arcpool was
+// never given, which allocates, uses and frees a block of its own there), replays it, and
+// destroys it (docs/graphs.md).
 // --no-imports leaves out the imports of foreign memory, whose frees (the program's on_free) are
 // ordered by the host, not by stream order: compute-sanitizer's --track-stream-ordered-races
 // reported such frees as uses after free (bench/results/2026-12-04-h200).
@@ -337,21 +339,41 @@ class graph_worker {
         !s_.ok(arcpool_stream_create(s_.alloc, &side), "graph stream")) {
       return;
     }
-    cudaEvent_t fork = nullptr, join = nullptr;
+    // A stream arcpool is never told of: a pooled step's capture forks to it too (docs/graphs.md,
+    // "Streams a capture forks to").
+    cudaStream_t unknown = nullptr;
+    if (!s_.cuda_ok(cudaStreamCreateWithFlags(&unknown, cudaStreamNonBlocking),
+                    "cudaStreamCreateWithFlags")) {
+      return;
+    }
+    cudaEvent_t fork = nullptr, join = nullptr, join_unknown = nullptr;
     s_.cuda_ok(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
     s_.cuda_ok(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), "cudaEventCreate");
+    s_.cuda_ok(cudaEventCreateWithFlags(&join_unknown, cudaEventDisableTiming), "cudaEventCreate");
     for (uint64_t step = 0; !s_.stop.load(std::memory_order_relaxed); ++step) {
       if (s_.cfg->ops != 0 && step >= s_.cfg->ops / 16) break;
-      if (!one_step(main, side, fork, join, /*pooled=*/step % 2 == 1)) break;
+      const bool pooled = step % 2 == 1;
+      const forked_stream fork_to{pooled ? unknown : nullptr, join_unknown};
+      if (!one_step(main, side, fork, join, fork_to, pooled)) break;
     }
     cudaEventDestroy(fork);
     cudaEventDestroy(join);
+    cudaEventDestroy(join_unknown);
     s_.ok(arcpool_stream_synchronize(s_.alloc, main), "synchronize");
     s_.ok(arcpool_stream_destroy(s_.alloc, main), "graph stream destroy");
     s_.ok(arcpool_stream_destroy(s_.alloc, side), "graph stream destroy");
+    s_.cuda_ok(cudaStreamSynchronize(unknown), "cudaStreamSynchronize");
+    s_.cuda_ok(cudaStreamDestroy(unknown), "cudaStreamDestroy");
   }
 
  private:
+  /// A stream arcpool was not given that a step's capture forks to (none: `stream` null), with
+  /// the event that joins it back.
+  struct forked_stream {
+    cudaStream_t stream;
+    cudaEvent_t join;
+  };
+
   struct block {
     arcpool_allocation_t* handle;
     void* data;
@@ -376,7 +398,7 @@ class graph_worker {
   }
 
   bool one_step(arcpool_stream_t main, arcpool_stream_t side, cudaEvent_t fork, cudaEvent_t join,
-                bool pooled) {
+                const forked_stream& unknown, bool pooled) {
     const auto cu = [](arcpool_stream_t x) { return reinterpret_cast<cudaStream_t>(x); };
     block earlier{};  // allocated before the capture, freed during it
     if (!make(main, &earlier)) return false;
@@ -398,6 +420,18 @@ class graph_worker {
       s_.ok(s_.work->verify(b.data, b.bytes, b.tag, 0, side), "verify");
     s_.cuda_ok(cudaEventRecord(join, cu(side)), "cudaEventRecord");
     s_.cuda_ok(cudaStreamWaitEvent(cu(main), join, 0), "cudaStreamWaitEvent");
+    if (unknown.stream != nullptr) {
+      // Its own block from the graph pool, used and freed there, then joined back.
+      const auto u = reinterpret_cast<arcpool_stream_t>(unknown.stream);
+      s_.cuda_ok(cudaStreamWaitEvent(unknown.stream, fork, 0), "cudaStreamWaitEvent");
+      block own{};
+      if (make(u, &own)) {
+        s_.ok(s_.work->verify(own.data, own.bytes, own.tag, 0, u), "verify");
+        free_block(own, u);
+      }
+      s_.cuda_ok(cudaEventRecord(unknown.join, unknown.stream), "cudaEventRecord");
+      s_.cuda_ok(cudaStreamWaitEvent(cu(main), unknown.join, 0), "cudaStreamWaitEvent");
+    }
     for (const block& b : made)
       s_.ok(s_.work->verify(b.data, b.bytes, b.tag, 0, main), "verify before free");
     for (const block& b : made)
