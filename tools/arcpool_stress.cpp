@@ -334,16 +334,17 @@ class graph_worker {
   graph_worker(shared_state& s, int index) : s_(s), rng_(s.cfg->seed * 7919 + index) {}
 
   void run() {
-    arcpool_stream_t main = nullptr, side = nullptr;
-    if (!s_.ok(arcpool_stream_create(s_.alloc, &main), "graph stream") ||
-        !s_.ok(arcpool_stream_create(s_.alloc, &side), "graph stream")) {
-      return;
-    }
     // A stream arcpool is never told of: a pooled step's capture forks to it too (docs/graphs.md,
     // "Streams a capture forks to").
     cudaStream_t unknown = nullptr;
     if (!s_.cuda_ok(cudaStreamCreateWithFlags(&unknown, cudaStreamNonBlocking),
                     "cudaStreamCreateWithFlags")) {
+      return;
+    }
+    arcpool_stream_t main = nullptr, side = nullptr;
+    if (!s_.ok(arcpool_stream_create(s_.alloc, &main), "graph stream") ||
+        !s_.ok(arcpool_stream_create(s_.alloc, &side), "graph stream")) {
+      cudaStreamDestroy(unknown);
       return;
     }
     cudaEvent_t fork = nullptr, join = nullptr, join_unknown = nullptr;
