@@ -41,6 +41,15 @@ class CupyDropIn(unittest.TestCase):
         self.assertEqual(0, empty.size)
         self.assertEqual(0.0, float(cupy.zeros(0).sum()))
 
+    def launch_and_check(self, graph, stream, x, result):
+        """Launches `graph` on `stream` with x filled with 3, then 5, and expects result == 2x + 1
+        each time."""
+        for value in (3.0, 5.0):
+            x.fill(value)
+            graph.launch(stream=stream)
+            stream.synchronize()
+            self.assertTrue(bool((result == 2 * value + 1).all()))
+
     def test_a_stream_capture_allocates_from_a_graph_pool_and_relaunches(self):
         # Stream.begin_capture through arcpool.cupy's wrapper: the arrays made in the capture
         # are blocks of a graph pool, so the graph keeps its output and launches again.
@@ -58,11 +67,7 @@ class CupyDropIn(unittest.TestCase):
             graph = stream.end_capture()
             self.assertGreaterEqual(arcpool.cupy.stats()["arcpool.graph_pool_bytes_current"],
                                     before + 4 * (1 << 20))
-            for value in (3.0, 5.0):
-                x.fill(value)
-                graph.launch(stream=stream)
-                stream.synchronize()
-                self.assertTrue(bool((y == 2 * value + 1).all()))
+            self.launch_and_check(graph, stream, x, y)
         del y, graph
         stream.synchronize()
 
@@ -88,11 +93,7 @@ class CupyDropIn(unittest.TestCase):
             graph = stream.end_capture()
             self.assertGreaterEqual(arcpool.cupy.stats()["arcpool.graph_pool_bytes_current"],
                                     before + 8 * (1 << 20))
-            for value in (3.0, 5.0):
-                x.fill(value)
-                graph.launch(stream=stream)
-                stream.synchronize()
-                self.assertTrue(bool((z == 2 * value + 1).all()))
+            self.launch_and_check(graph, stream, x, z)
         del y, z, graph
         stream.synchronize()
 
