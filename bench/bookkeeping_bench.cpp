@@ -5,6 +5,9 @@
 // driver itself for the baseline (detail::from_handle) and the NVTX guard alone.
 #include <benchmark/benchmark.h>
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "bench_defaults.hpp"
@@ -184,6 +187,54 @@ void BM_CrossStreamDeferredPair(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 2);
 }
 BENCHMARK(BM_CrossStreamDeferredPair)->ThreadRange(1, 4)->UseRealTime();
+
+/// Allocations made here and released on another thread, a batch at a time (a producer and its
+/// consumer; a forward pass whose tensors autograd's threads free). Once the consumer's record
+/// list is full, each record's block goes back to this thread's inbox, and this thread's
+/// allocations reuse them instead of the heap (support/thread_state.hpp). Items: allocations.
+void BM_ReleasedOnAnotherThread(benchmark::State& state) {
+  auto& f = null_fixture::get();
+  arcpool_stream_t s = f.streams[0];
+  constexpr size_t kBatch = 1024;
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<arcpool_allocation_t*> handed;  // at most one batch in flight
+  bool done = false;
+  std::thread consumer([&] {
+    std::vector<arcpool_allocation_t*> mine;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return !handed.empty() || done; });
+        if (handed.empty()) return;
+        mine.swap(handed);
+      }
+      cv.notify_all();
+      for (arcpool_allocation_t* a : mine)
+        arcpool_allocation_release(a);
+      mine.clear();
+    }
+  });
+  std::vector<arcpool_allocation_t*> batch;
+  auto hand_over = [&](bool last) {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return handed.empty(); });
+    handed.swap(batch);
+    done = last;
+    cv.notify_all();
+  };
+  for (auto _ : state) {
+    arcpool_allocation_t* a = nullptr;
+    arcpool_allocate_async(f.alloc, 4096, 0, s, 0, &a);
+    arcpool_deallocate_async(a, s, 0);
+    batch.push_back(a);
+    if (batch.size() == kBatch) hand_over(false);
+  }
+  hand_over(true);
+  consumer.join();
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ReleasedOnAnotherThread)->UseRealTime();
 
 /// What an NVTX range costs arcpool when no tool is attached (compiled in, the default): the
 /// guard every public operation constructs. Expected: ~1 ns (a load and a branch).

@@ -87,9 +87,9 @@ class FastPath : public DriverTest {
 
   /// Records released on other threads serve this thread's later allocations intact.
   void records_released_on_another_thread_serve_later_allocations() {
-    // Records allocated here, released on other threads (into those threads' free lists), then
-    // allocated and released here again: every record must stay intact and none may leak
-    // (LeakSanitizer runs at exit in the ASan build; TSan watches the hand-off).
+    // Records allocated here, released on other threads (into those threads' lists, which have
+    // room), then allocated and released here again: every record must stay intact and none may
+    // leak (LeakSanitizer runs at exit in the ASan build; TSan watches the hand-off).
     constexpr int kRounds = 4;
     constexpr int kPerRound = 64;
     for (int round = 0; round < kRounds; ++round) {
@@ -110,6 +110,37 @@ class FastPath : public DriverTest {
         arcpool_allocation_release(a);
       }
     }
+    sync(s_);
+    EXPECT_EQ(0u, stats().allocations_in_use_current);
+  }
+
+  /// More records than a thread's list holds, released on another thread while this one keeps
+  /// allocating: the blocks past that thread's list go back to this thread's inbox while this
+  /// thread takes its inbox for its own allocations (support/thread_state.hpp; TSan watches
+  /// the pushes against the takes).
+  void records_released_past_another_threads_list_go_back_while_this_thread_allocates() {
+    constexpr int kRecords = 1024;  // four lists' worth (block_list::kCapacity)
+    std::vector<arcpool_allocation_t*> made;
+    for (int i = 0; i < kRecords; ++i)
+      made.push_back(allocate(kBlock, s_));
+    std::thread other([&] {
+      for (arcpool_allocation_t* a : made) {
+        EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+        arcpool_allocation_release(a);
+      }
+    });
+    // Batches larger than this thread's list, so that it runs dry and takes its inbox.
+    for (int round = 0; round < 8; ++round) {
+      std::vector<arcpool_allocation_t*> batch;
+      for (int i = 0; i < 300; ++i)
+        batch.push_back(allocate(2 * kBlock, s_));
+      for (arcpool_allocation_t* a : batch) {
+        EXPECT_EQ(2 * kBlock, arcpool_allocation_size(a));
+        EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+        arcpool_allocation_release(a);
+      }
+    }
+    other.join();
     sync(s_);
     EXPECT_EQ(0u, stats().allocations_in_use_current);
   }
@@ -172,6 +203,14 @@ TEST_P(FastPath, RecordsReleasedOnAnotherThreadServeLaterAllocations) {
 }
 TEST_P(FastPathOnTheLegacyStream, RecordsReleasedOnAnotherThreadServeLaterAllocations) {
   records_released_on_another_thread_serve_later_allocations();
+}
+
+TEST_P(FastPath, RecordsReleasedPastAnotherThreadsListGoBackWhileThisThreadAllocates) {
+  records_released_past_another_threads_list_go_back_while_this_thread_allocates();
+}
+TEST_P(FastPathOnTheLegacyStream,
+       RecordsReleasedPastAnotherThreadsListGoBackWhileThisThreadAllocates) {
+  records_released_past_another_threads_list_go_back_while_this_thread_allocates();
 }
 
 TEST_P(FastPathOnTheLegacyStream, AFreeThereOfAnotherStreamsMemoryIsNotCachedThere) {

@@ -159,9 +159,10 @@ class allocation final : public arcpool_allocation {
   std::string describe() const;
 };
 
-static_assert(sizeof(allocation) <= block_list::kBlockBytes &&
-                  alignof(allocation) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
-              "an allocation record fits the blocks of the threads' record lists");
+static_assert(
+    sizeof(allocation) <= block_list::kHomeOffset &&
+        alignof(allocation) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
+    "an allocation record fits the blocks of the threads' record lists, before their home");
 
 /// Releases one reference of view `handle` (its own count; its last releases the record's).
 void release_view(arcpool_allocation* handle) noexcept;

@@ -120,6 +120,8 @@ class allocator {
   /// common case (deallocated memory of a determinate lifetime, whose record holds nothing to
   /// release, on a thread with room in its record list and its own statistics shard, the
   /// allocator not closing) only puts the record's block on the thread's list, with no call.
+  /// (With a full list, the record's destruction gives the block back to the thread it came
+  /// from, block_list::free.)
   void on_last_reference(allocation* a) noexcept {
     // No other thread reaches a record whose last reference went (the reference count's
     // acquire made the other holders' writes visible): no lock.

@@ -93,8 +93,9 @@ class address_table {
     return static_cast<size_t>((static_cast<uint64_t>(start) * 0x9E3779B97F4A7C15ull) >> 32) &
            mask_;
   }
-  /// Doubles the slots (kInitialSlots at first) and reinserts every entry.
-  bool grow() noexcept {
+  /// Doubles the slots (kInitialSlots at first) and reinserts every entry. Out of line, so
+  /// that an insert's common case keeps a short prologue.
+  [[gnu::noinline, gnu::cold]] bool grow() noexcept {
     const size_t old_capacity = capacity();
     const size_t capacity = old_capacity == 0 ? kInitialSlots : old_capacity * 2;
     std::unique_ptr<slot[]> fresh(new (std::nothrow) slot[capacity]);

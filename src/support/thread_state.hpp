@@ -4,6 +4,7 @@
 // its last stream lookups.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -50,18 +51,35 @@ inline constexpr bool kBlockListEnabled = true;
 inline constexpr bool kBlockListEnabled = true;
 #endif
 
+/// Where the record blocks of one thread come back when other threads free them (mimalloc's
+/// remote-free list): a stack that any thread pushes onto and the owning thread takes whole.
+/// It lives on the heap, apart from its thread, so that blocks freed after the thread exited
+/// still find it: it goes when both its thread has exited and no block names it any longer.
+struct alignas(64) block_inbox {
+  /// The returned blocks, a chain through their first word; block_list::kClosed once the
+  /// thread exited.
+  std::atomic<void*> head{nullptr};
+  /// One for the owning thread until its exit, and one for every block that names this inbox.
+  std::atomic<size_t> refs{1};
+};
+
 /// A thread's free list of fixed-size heap blocks: what allocation records come from, so that a
 /// fast-path allocation makes no heap allocation.
 ///
-/// It keeps up to kCapacity freed blocks. A block freed on another thread than the one that
-/// allocated it simply joins the freeing thread's list: the blocks are plain heap memory of one
-/// size, interchangeable between threads, so no remote-free list is needed for correctness (the
-/// cost is only that a thread that allocates what another frees keeps refilling from the heap).
-/// The list goes back to the heap when its thread exits; a block freed after that, during the
-/// thread's own teardown, goes straight to the heap. Under AddressSanitizer the list is bypassed
-/// so that a use after free of a record is seen.
+/// Each block names, in its last word, the inbox of the thread that took it from the heap (its
+/// home). A block freed on any thread joins that thread's list while the list has room
+/// (kCapacity); past that, a block of another thread goes back to its home's inbox, and the
+/// home thread takes the whole inbox when its list runs dry. So a thread that allocates records
+/// that other threads release (a producer; a forward pass whose backward runs on other threads)
+/// reuses its own blocks instead of refilling from the heap, and the common free, on a list
+/// with room, tests nothing else. When its thread exits, the list and the inbox go back to the
+/// heap and the inbox closes: a block sent home after that goes to the heap. Under
+/// AddressSanitizer the list is bypassed (and blocks name no home) so that a use after free of
+/// a record is seen.
 struct block_list {
-  static constexpr size_t kBlockBytes = 320;  ///< an allocation record fits (allocation.hpp)
+  static constexpr size_t kBlockBytes = 320;  ///< an allocation record and its home
+  /// Where a block names its home; a record must end before it (allocation.hpp).
+  static constexpr size_t kHomeOffset = kBlockBytes - sizeof(block_inbox*);
   static constexpr size_t kCapacity = 256;
   enum class state : unsigned char { unused, active, exited };
   struct node {
@@ -70,13 +88,18 @@ struct block_list {
 
   node* head;
   /// Blocks the list may still take: kCapacity less the blocks it holds while active, 0 before
-  /// the thread's first free and after its exit (so that one test sends those to free_slow).
+  /// the thread's first use and after its exit (so that one test sends those to the slow path).
   size_t room;
   state st;
+  /// This thread's inbox: the home of the blocks it takes from the heap. Null before the
+  /// thread's first use, after its exit, and if no host memory was left for it (its blocks
+  /// then name no home and go back to the heap from any thread).
+  block_inbox* inbox;
 
   /// A block of kBlockBytes, or null when the heap has no memory.
   void* allocate() noexcept {
-    if (!kBlockListEnabled || head == nullptr) return ::operator new(kBlockBytes, std::nothrow);
+    if (!kBlockListEnabled) return ::operator new(kBlockBytes, std::nothrow);
+    if (head == nullptr) return allocate_slow();
     node* n = head;
     head = n->next;
     ++room;
@@ -84,34 +107,50 @@ struct block_list {
   }
   /// Gives back a block of any thread's list, on this list's thread.
   void free(void* p) noexcept {
-    if (!kBlockListEnabled || room == 0) {
+    if (!kBlockListEnabled) {
+      ::operator delete(p);
+    } else if (room != 0) {
+      push(p);
+    } else {
       free_slow(p);
-      return;
     }
-    push(p);
   }
-  /// free, when the caller saw room on the list (so that its list is active and enabled).
+  /// free, when the list has room.
   void push(void* p) noexcept {
     node* n = static_cast<node*>(p);
     n->next = head;
     head = n;
     --room;
   }
-  /// Empties the list into the heap; later frees go straight there.
-  void drain() noexcept {
-    st = state::exited;
-    room = 0;
-    while (head != nullptr) {
-      node* n = head;
-      head = n->next;
-      ::operator delete(n);
-    }
+  /// Empties the list and closes the inbox, at the thread's exit; later frees go to the heap.
+  void drain() noexcept;
+
+  /// The inbox `p` names (null: none).
+  static block_inbox* home_of(void* p) noexcept {
+    return *std::launder(reinterpret_cast<block_inbox**>(static_cast<char*>(p) + kHomeOffset));
   }
 
  private:
-  /// The first free of the thread (which arranges the drain at its exit and opens the list), a
-  /// full list, or a thread past its exit.
+  /// The chain head of a closed inbox, as an address.
+  static constexpr uintptr_t kClosed = 1;
+
+  /// allocate, on the calling thread's empty list: the blocks returned to its inbox, else a
+  /// block from the heap, which names the inbox (opening the list on the thread's first use).
+  /// Static, so that allocate's caller keeps no pointer to the list for it.
+  [[gnu::noinline]] static void* allocate_slow() noexcept;
+  /// A block freed while the list has no room: on the thread's first use (the list opens and
+  /// takes it), or when the list is full or closed: another thread's block goes back to its
+  /// home, this thread's own or a homeless one to the heap.
   [[gnu::noinline]] void free_slow(void* p) noexcept;
+  /// Opens the list: arranges its drain at the thread's exit and makes its inbox.
+  void open() noexcept;
+  /// Puts the blocks returned to this thread's inbox on the list, as far as its room goes; the
+  /// rest to the heap. False when the list is still empty.
+  bool adopt_returned() noexcept;
+  /// Sends `p` to its home's inbox, or to the heap if that inbox has closed.
+  static void send_home(void* p, block_inbox* home) noexcept;
+  /// Gives `p` back to the heap, with its home's reference.
+  static void discard(void* p) noexcept;
 };
 
 /// One thread's state. Trivially destructible and constant-initialized: reading it is one TLS
@@ -132,7 +171,8 @@ struct thread_state {
   }
 };
 
-inline thread_local thread_state t_thread_state{{SIZE_MAX, false}, 0, 0, {nullptr, 0, {}}, {}};
+inline thread_local thread_state t_thread_state{
+    {SIZE_MAX, false}, 0, 0, {nullptr, 0, {}, nullptr}, {}};
 
 /// The calling thread's state. Look it up once per operation and hand the reference down: the
 /// empty asm makes its address an opaque value, which the compiler keeps in a register instead
