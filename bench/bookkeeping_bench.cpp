@@ -174,10 +174,15 @@ void BM_RecordUse(benchmark::State& state) {
 }
 BENCHMARK(BM_RecordUse)->ARCPOOL_BENCH_THREADS;
 
+/// A deferred free on another stream: its fences go to the reclaim worker, which releases them
+/// once they completed. "events_per_pair": events the pool created per pair, over all threads
+/// (a fence the worker has no room for goes back to the thread that took it, event_pool).
 void BM_CrossStreamDeferredPair(benchmark::State& state) {
   auto& f = null_fixture::get();
   arcpool_stream_t origin = f.streams[2 * state.thread_index()];
   arcpool_stream_t other = f.streams[2 * state.thread_index() + 1];
+  const detail::event_pool& events = detail::from_handle(f.alloc)->events();
+  const size_t created_before = events.events_created();
   for (auto _ : state) {
     arcpool_allocation_t* a = nullptr;
     arcpool_allocate_async(f.alloc, 4096, 0, origin, 0, &a);
@@ -185,6 +190,11 @@ void BM_CrossStreamDeferredPair(benchmark::State& state) {
     arcpool_allocation_release(a);
   }
   state.SetItemsProcessed(state.iterations() * 2);
+  if (state.thread_index() == 0) {
+    state.counters["events_per_pair"] =
+        benchmark::Counter(static_cast<double>(events.events_created() - created_before) /
+                           static_cast<double>(state.iterations() * state.threads()));
+  }
 }
 BENCHMARK(BM_CrossStreamDeferredPair)->ThreadRange(1, 4)->UseRealTime();
 

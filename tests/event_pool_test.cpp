@@ -4,6 +4,9 @@
 // events, which tells "destroyed" from "leaked".
 #include <gtest/gtest.h>
 
+#include <thread>
+#include <vector>
+
 #include "core/fence.hpp"
 #include "drivers/deterministic.hpp"
 #include "support/driver_test.hpp"
@@ -22,6 +25,46 @@ class EventPool : public DriverTest {
 
   arcpool_stream_t s_ = nullptr;
 };
+
+/// A small pool, so that a shard fills (a capacity of 64 or less is each shard's).
+class SmallEventPool : public EventPool {
+ protected:
+  static constexpr size_t kShardCapacity = 8;
+  void customize(arcpool_allocator_options_t& options) override {
+    options.event_pool_capacity = kShardCapacity;
+  }
+};
+
+TEST_P(SmallEventPool, FencesReleasedPastAnotherThreadsFullShardGoBackToTheThreadThatTookThem) {
+  // Fences taken here and released on another thread (as the reclaim worker releases a
+  // deferred free's fences): that thread's shard keeps what it has room for, the rest come
+  // back here, and this thread's next fences reuse their events instead of creating new ones.
+  constexpr size_t kFences = 3 * kShardCapacity;
+  std::vector<detail::fence_ref> taken(kFences);
+  for (detail::fence_ref& f : taken)
+    ASSERT_OK(core().events().record(s_, 0, &f));
+  ASSERT_EQ(kFences, core().events().events_created());
+  std::thread([&] { taken.clear(); }).join();
+  std::vector<detail::fence_ref> again(kFences - kShardCapacity);
+  for (detail::fence_ref& f : again)
+    ASSERT_OK(core().events().record(s_, 0, &f));
+  EXPECT_EQ(kFences, core().events().events_created())
+      << "the events the other thread had no room for came back here";
+  if (deterministic()) {
+    EXPECT_EQ(kFences, live_events()) << "none destroyed, none leaked";
+  }
+}
+
+TEST_P(SmallEventPool, FencesReleasedOnTheirOwnThreadsFullShardAreDestroyed) {
+  constexpr size_t kFences = 2 * kShardCapacity;
+  std::vector<detail::fence_ref> taken(kFences);
+  for (detail::fence_ref& f : taken)
+    ASSERT_OK(core().events().record(s_, 0, &f));
+  taken.clear();
+  if (deterministic()) {
+    EXPECT_EQ(kShardCapacity, live_events()) << "the shard keeps its capacity, no more";
+  }
+}
 
 TEST_P(EventPool, AnEventWhoseRecordFailedIsDestroyedNotPooled) {
   detail::fence_ref first;
@@ -70,6 +113,7 @@ TEST_P(EventPool, AFenceOutsideCaptureIsNotTakenOnACapturingStream) {
 }
 
 ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(EventPool);
+ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(SmallEventPool);
 
 }  // namespace
 }  // namespace arcpool::test

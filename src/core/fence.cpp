@@ -13,17 +13,35 @@ event_pool::event_pool(driver& drv, size_t capacity)
 
 event_pool::~event_pool() {
   for (shard& s : shards_) {
-    for (fence* f : s.free) {
-      driver_.event_destroy(f->event_);
-      delete f;
+    for (fence* f : s.free)
+      destroy(f);
+    for (fence* f = s.returned.load(std::memory_order_acquire); f != nullptr;) {
+      fence* const next = f->next_returned_;
+      destroy(f);
+      f = next;
     }
   }
+}
+
+fence* event_pool::take_returned(shard& mine) {
+  // A load first: most threads never have fences returned.
+  if (mine.returned.load(std::memory_order_relaxed) == nullptr) return nullptr;
+  fence* f = mine.returned.exchange(nullptr, std::memory_order_acquire);
+  if (f == nullptr) return nullptr;
+  for (fence* next = f->next_returned_; next != nullptr; next = next->next_returned_)
+    mine.free.push_back(next);
+  return f;
+}
+
+void event_pool::destroy(fence* f) noexcept {
+  driver_.event_destroy(f->event_);
+  delete f;
 }
 
 arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_ref* out,
                                     shard_slot slot) {
   fence* f = with_own_shard(slot, [](shard& mine) -> fence* {
-    if (mine.free.empty()) return nullptr;
+    if (mine.free.empty()) return take_returned(mine);
     fence* last = mine.free.back();
     mine.free.pop_back();
     return last;
@@ -42,6 +60,7 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
     return status;
   }
   f->stream_id_ = stream_id;
+  f->home_ = slot.index;
   f->refs_.reset(1);
   *out = fence_ref::adopt(f);
   return ARCPOOL_STATUS_SUCCESS;
@@ -66,14 +85,23 @@ size_t event_pool::events_created() const {
 }
 
 void event_pool::recycle(fence* f) noexcept {
-  const bool kept = with_own_shard(thread_shard(), [&](shard& mine) {
+  const shard_slot slot = thread_shard();
+  const bool kept = with_own_shard(slot, [&](shard& mine) {
     if (mine.free.size() >= shard_capacity_) return false;
     mine.free.push_back(f);
     return true;
   });
   if (kept) return;
-  driver_.event_destroy(f->event_);
-  delete f;
+  if (f->home_ == slot.index) {
+    destroy(f);  // its own shard is full
+    return;
+  }
+  std::atomic<fence*>& home = shards_[f->home_].returned;
+  fence* head = home.load(std::memory_order_relaxed);
+  do {
+    f->next_returned_ = head;
+  } while (
+      !home.compare_exchange_weak(head, f, std::memory_order_release, std::memory_order_relaxed));
 }
 
 }  // namespace arcpool::detail

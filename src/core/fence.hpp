@@ -37,6 +37,11 @@ class fence {
   event_pool* const pool_;
   const event_handle event_;
   uint64_t stream_id_ = 0;
+  /// The shard of the thread that recorded it last: where it goes back when the thread that
+  /// releases it keeps no more (event_pool::recycle).
+  size_t home_ = 0;
+  /// The next fence of its home shard's returned chain.
+  fence* next_returned_ = nullptr;
 };
 
 using fence_ref = ref_ptr<fence>;
@@ -46,7 +51,11 @@ using fence_list = small_vector<fence_ref, 4>;
 
 /// A pool of timing-disabled events, one per allocator (and so per device). Events are created
 /// on demand, never per operation once warm, and recycled when their fence is released. Free
-/// events are kept in per-thread shards, so that threads taking fences do not contend.
+/// events are kept in per-thread shards, so that threads taking fences do not contend. A fence
+/// released on a thread whose shard is full goes back to the shard of the thread that recorded
+/// it (its home's returned chain, which that thread takes when its shard runs dry), so that a
+/// thread whose fences another thread releases (the reclaim worker, after a deferred free)
+/// reuses its events instead of creating new ones while the other destroys them.
 class event_pool {
  public:
   /// `capacity`: events kept for reuse (per shard: all of it up to 64, an eighth above); more
@@ -78,13 +87,21 @@ class event_pool {
   void recycle(fence* f) noexcept;
 
   /// One thread shard's free events (a fence released on another thread joins that thread's
-  /// shard). Only the shared last shard is locked: an exclusive shard has one thread at a time
-  /// (support/shards.hpp hands an index to its next thread under a mutex). A spinlock: its
-  /// holder only pushes or pops.
+  /// shard while it has room). Only the shared last shard is locked: an exclusive shard has
+  /// one thread at a time (support/shards.hpp hands an index to its next thread under a
+  /// mutex). A spinlock: its holder only pushes or pops. `returned`: fences of this shard
+  /// released where there was no room, a lock-free stack through fence::next_returned_ that any
+  /// thread pushes onto and the shard's thread takes whole.
   struct alignas(64) shard {
     spinlock mutex;
     std::vector<fence*> free;
+    std::atomic<fence*> returned{nullptr};
   };
+  /// For `mine` (the calling thread's shard) with no free event: one fence of its returned
+  /// chain, whose others join its free events; null when none was returned.
+  [[gnu::noinline]] static fence* take_returned(shard& mine);
+  /// Destroys the event of `f`, and `f`.
+  void destroy(fence* f) noexcept;
   /// Runs `fn(shard)` on the shard of `slot` (the calling thread's), under its lock if shared.
   template <class F>
   auto with_own_shard(shard_slot slot, F&& fn) {
