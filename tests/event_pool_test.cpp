@@ -39,7 +39,7 @@ TEST_P(SmallEventPool, FencesReleasedPastAnotherThreadsFullShardGoBackToTheThrea
   // Fences taken here and released on another thread (as the reclaim worker releases a
   // deferred free's fences): that thread's shard keeps what it has room for, the rest come
   // back here, and this thread's next fences reuse their events instead of creating new ones.
-  constexpr size_t kFences = 3 * kShardCapacity;
+  constexpr size_t kFences = 2 * kShardCapacity;
   std::vector<detail::fence_ref> taken(kFences);
   for (detail::fence_ref& f : taken)
     ASSERT_OK(core().events().record(s_, 0, &f));
@@ -53,6 +53,24 @@ TEST_P(SmallEventPool, FencesReleasedPastAnotherThreadsFullShardGoBackToTheThrea
   if (deterministic()) {
     EXPECT_EQ(kFences, live_events()) << "none destroyed, none leaked";
   }
+}
+
+TEST_P(SmallEventPool, AtMostAShardsCapacityOfFencesWaitsToGoBack) {
+  constexpr size_t kFences = 3 * kShardCapacity;
+  std::vector<detail::fence_ref> taken(kFences);
+  for (detail::fence_ref& f : taken)
+    ASSERT_OK(core().events().record(s_, 0, &f));
+  std::thread([&] { taken.clear(); }).join();
+  if (deterministic()) {
+    EXPECT_EQ(2 * kShardCapacity, live_events())
+        << "the other thread's shard keeps its capacity, as many wait to come back here, and "
+           "the rest are destroyed";
+  }
+  std::vector<detail::fence_ref> again(2 * kShardCapacity);
+  for (detail::fence_ref& f : again)
+    ASSERT_OK(core().events().record(s_, 0, &f));
+  EXPECT_EQ(kFences + kShardCapacity, core().events().events_created())
+      << "a capacity's worth came back, the rest were new";
 }
 
 TEST_P(SmallEventPool, FencesReleasedOnTheirOwnThreadsFullShardAreDestroyed) {

@@ -120,8 +120,9 @@ class allocator {
   /// common case (deallocated memory of a determinate lifetime, whose record holds nothing to
   /// release, on a thread with room in its record list and its own statistics shard, the
   /// allocator not closing) only puts the record's block on the thread's list, with no call.
-  /// (With a full list, the record's destruction gives the block back to the thread it came
-  /// from, block_list::free.)
+  /// (Otherwise the record is destroyed, and block_list::free places its block: on this
+  /// thread's list if it has room, else another thread's block back to that thread's inbox
+  /// while it is open, and this thread's own, or any other, to the heap.)
   void on_last_reference(allocation* a) noexcept {
     // No other thread reaches a record whose last reference went (the reference count's
     // acquire made the other holders' writes visible): no lock.

@@ -23,13 +23,23 @@ event_pool::~event_pool() {
   }
 }
 
-fence* event_pool::take_returned(shard& mine) {
+fence* event_pool::take_returned(shard& mine, fence** excess) {
   // A load first: most threads never have fences returned.
   if (mine.returned.load(std::memory_order_relaxed) == nullptr) return nullptr;
+  // Room first, so that nothing can fail once the chain is taken.
+  mine.free.reserve(shard_capacity_);
   fence* f = mine.returned.exchange(nullptr, std::memory_order_acquire);
   if (f == nullptr) return nullptr;
-  for (fence* next = f->next_returned_; next != nullptr; next = next->next_returned_)
+  size_t taken = 1;
+  fence* next = f->next_returned_;
+  for (; next != nullptr && mine.free.size() < shard_capacity_; next = next->next_returned_) {
     mine.free.push_back(next);
+    ++taken;
+  }
+  *excess = next;  // past the shard's capacity: the caller destroys them, outside its lock
+  for (; next != nullptr; next = next->next_returned_)
+    ++taken;
+  mine.returned_count.fetch_sub(taken, std::memory_order_relaxed);
   return f;
 }
 
@@ -40,12 +50,18 @@ void event_pool::destroy(fence* f) noexcept {
 
 arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_ref* out,
                                     shard_slot slot) {
-  fence* f = with_own_shard(slot, [](shard& mine) -> fence* {
-    if (mine.free.empty()) return take_returned(mine);
+  fence* excess = nullptr;
+  fence* f = with_own_shard(slot, [&](shard& mine) -> fence* {
+    if (mine.free.empty()) return take_returned(mine, &excess);
     fence* last = mine.free.back();
     mine.free.pop_back();
     return last;
   });
+  while (excess != nullptr) {
+    fence* const next = excess->next_returned_;
+    destroy(excess);
+    excess = next;
+  }
   if (f == nullptr) {
     event_handle e = nullptr;
     ARCPOOL_RETURN_IF_ERROR(driver_.event_create(&e));
@@ -96,12 +112,18 @@ void event_pool::recycle(fence* f) noexcept {
     destroy(f);  // its own shard is full
     return;
   }
-  std::atomic<fence*>& home = shards_[f->home_].returned;
-  fence* head = home.load(std::memory_order_relaxed);
+  shard& home = shards_[f->home_];
+  // The chain holds about a shard's capacity at most; past that, as before, the event goes.
+  if (home.returned_count.fetch_add(1, std::memory_order_relaxed) >= shard_capacity_) {
+    home.returned_count.fetch_sub(1, std::memory_order_relaxed);
+    destroy(f);
+    return;
+  }
+  fence* head = home.returned.load(std::memory_order_relaxed);
   do {
     f->next_returned_ = head;
-  } while (
-      !home.compare_exchange_weak(head, f, std::memory_order_release, std::memory_order_relaxed));
+  } while (!home.returned.compare_exchange_weak(head, f, std::memory_order_release,
+                                                std::memory_order_relaxed));
 }
 
 }  // namespace arcpool::detail

@@ -37,8 +37,8 @@ class fence {
   event_pool* const pool_;
   const event_handle event_;
   uint64_t stream_id_ = 0;
-  /// The shard of the thread that recorded it last: where it goes back when the thread that
-  /// releases it keeps no more (event_pool::recycle).
+  /// The shard it was last recorded from: where it goes back when the thread that releases it
+  /// keeps no more (event_pool::recycle).
   size_t home_ = 0;
   /// The next fence of its home shard's returned chain.
   fence* next_returned_ = nullptr;
@@ -52,14 +52,14 @@ using fence_list = small_vector<fence_ref, 4>;
 /// A pool of timing-disabled events, one per allocator (and so per device). Events are created
 /// on demand, never per operation once warm, and recycled when their fence is released. Free
 /// events are kept in per-thread shards, so that threads taking fences do not contend. A fence
-/// released on a thread whose shard is full goes back to the shard of the thread that recorded
-/// it (its home's returned chain, which that thread takes when its shard runs dry), so that a
-/// thread whose fences another thread releases (the reclaim worker, after a deferred free)
-/// reuses its events instead of creating new ones while the other destroys them.
+/// released on a thread whose shard is full goes back to the shard it was recorded from (that
+/// shard's returned chain, which the thread holding the shard takes when it runs out of free
+/// events), so that a thread whose fences another thread releases (the reclaim worker, after a
+/// deferred free) reuses its events instead of creating new ones while the other destroys them.
 class event_pool {
  public:
-  /// `capacity`: events kept for reuse (per shard: all of it up to 64, an eighth above); more
-  /// are destroyed when released.
+  /// `capacity`: events kept for reuse (per shard: all of it up to 64, an eighth above, and as
+  /// many again on the way back to a shard); more are destroyed when released.
   event_pool(driver& drv, size_t capacity);
   /// Destroys the cached events. Every fence must have been released.
   ~event_pool();
@@ -89,17 +89,22 @@ class event_pool {
   /// One thread shard's free events (a fence released on another thread joins that thread's
   /// shard while it has room). Only the shared last shard is locked: an exclusive shard has
   /// one thread at a time (support/shards.hpp hands an index to its next thread under a
-  /// mutex). A spinlock: its holder only pushes or pops. `returned`: fences of this shard
-  /// released where there was no room, a lock-free stack through fence::next_returned_ that any
-  /// thread pushes onto and the shard's thread takes whole.
+  /// mutex). A spinlock: its holder pushes, pops, or moves at most a capacity's worth of
+  /// returned fences. `returned`: fences recorded from this shard and released where there was
+  /// no room, a lock-free stack through fence::next_returned_ that any thread pushes onto and
+  /// the shard's thread takes whole, about a capacity's worth at most. Fences wait there until
+  /// a thread holding the shard runs out of free events, or until the pool goes.
   struct alignas(64) shard {
     spinlock mutex;
     std::vector<fence*> free;
     std::atomic<fence*> returned{nullptr};
+    /// Fences on `returned`, or about to be: a fence finding a capacity's worth is destroyed.
+    std::atomic<size_t> returned_count{0};
   };
   /// For `mine` (the calling thread's shard) with no free event: one fence of its returned
-  /// chain, whose others join its free events; null when none was returned.
-  [[gnu::noinline]] static fence* take_returned(shard& mine);
+  /// chain, whose others join its free events up to the shard's capacity; the rest, a chain,
+  /// in `*excess` for the caller to destroy. Null when none was returned.
+  [[gnu::noinline]] fence* take_returned(shard& mine, fence** excess);
   /// Destroys the event of `f`, and `f`.
   void destroy(fence* f) noexcept;
   /// Runs `fn(shard)` on the shard of `slot` (the calling thread's), under its lock if shared.

@@ -72,8 +72,10 @@ struct alignas(64) block_inbox {
 /// home thread takes the whole inbox when its list runs dry. So a thread that allocates records
 /// that other threads release (a producer; a forward pass whose backward runs on other threads)
 /// reuses its own blocks instead of refilling from the heap, and the common free, on a list
-/// with room, tests nothing else. When its thread exits, the list and the inbox go back to the
-/// heap and the inbox closes: a block sent home after that goes to the heap. Under
+/// with room, tests nothing else. Blocks sent home wait in the inbox until their thread's list
+/// runs dry (at most the blocks that thread ever took from the heap). When its thread exits,
+/// the blocks of its list and of its inbox go back to the heap and the inbox closes: a block
+/// sent home after that goes to the heap, and the last of them deletes the inbox. Under
 /// AddressSanitizer the list is bypassed (and blocks name no home) so that a use after free of
 /// a record is seen.
 struct block_list {
