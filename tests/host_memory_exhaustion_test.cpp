@@ -4,10 +4,11 @@
 //   grow: the memory it allocated goes back in stream order, and every allocation recorded
 //   before stays findable and freeable.
 // - A view whose handle cannot be made: it takes no reference.
+// - A transfer whose fence cannot be made: its event goes too, and the allocation stays.
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
-// growth uses in arcpool, and the nothrow scalar operator new, so that a test can make exactly one
-// such allocation fail.
+// growth uses in arcpool, and the nothrow scalar operator new (records' blocks, views' handles,
+// fences), so that a test can make exactly one such allocation fail.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -156,6 +157,44 @@ TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {
 
   EXPECT_OK(arcpool_allocation_discard_and_release(a));
   EXPECT_OK(arcpool_stream_synchronize(alloc, nullptr));
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AFenceTheHostHasNoMemoryForFailsItsTransferAndChangesNothing) {
+  // A transfer's fence is the first of its pool's (no event to reuse): its record cannot be
+  // made. The event made for it goes too (LeakSanitizer checks it in the ASan build), and the
+  // allocation stays on its stream.
+  arcpool_allocator_t* alloc = host_allocator();
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t from = nullptr;
+  arcpool_stream_t to = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &a))
+      << arcpool_last_error();
+
+  const int failed_before = g_scalar_news.failed.load();
+  g_scalar_news.to_fail = 1;
+  const arcpool_status_t status = arcpool_transfer(a, to);
+  g_scalar_news.to_fail = 0;
+  ASSERT_EQ(failed_before + 1, g_scalar_news.failed.load())
+      << "the transfer made no allocation the test can fail";
+  EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status);
+  EXPECT_NE(std::string::npos, std::string(arcpool_last_error()).find("no host memory"))
+      << arcpool_last_error();
+  arcpool_allocation_info_t info;
+  info.struct_size = sizeof(info);
+  info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+  EXPECT_OK(arcpool_allocation_info(a, &info));
+  EXPECT_EQ(from, info.current_stream) << "the refused transfer moved the allocation";
+
+  EXPECT_OK(arcpool_transfer(a, to));
+  EXPECT_OK(arcpool_deallocate_async(a, to, 0));
+  arcpool_allocation_release(a);
+  EXPECT_OK(arcpool_stream_synchronize(alloc, to));
+  EXPECT_OK(arcpool_stream_destroy(alloc, from));
+  EXPECT_OK(arcpool_stream_destroy(alloc, to));
   arcpool_allocator_destroy(alloc);
 }
 

@@ -1,5 +1,7 @@
 #include "core/fence.hpp"
 
+#include <new>
+
 #include "support/status.hpp"
 
 namespace arcpool::detail {
@@ -65,7 +67,11 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
   if (f == nullptr) {
     event_handle e = nullptr;
     ARCPOOL_RETURN_IF_ERROR(driver_.event_create(&e));
-    f = new fence(this, e);
+    f = new (std::nothrow) fence(this, e);
+    if (f == nullptr) {
+      driver_.event_destroy(e);  // the event goes with the fence it was made for
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a fence's record");
+    }
     created_.fetch_add(1, std::memory_order_relaxed);
   }
   if (arcpool_status_t status = driver_.event_record(f->event_, s);
