@@ -17,11 +17,7 @@ event_pool::~event_pool() {
   for (shard& s : shards_) {
     for (fence* f : s.free)
       destroy(f);
-    for (fence* f = s.returned.load(std::memory_order_acquire); f != nullptr;) {
-      fence* const next = f->next_returned_;
-      destroy(f);
-      f = next;
-    }
+    destroy_chain(s.returned.load(std::memory_order_acquire));
   }
 }
 
@@ -50,6 +46,14 @@ void event_pool::destroy(fence* f) noexcept {
   delete f;
 }
 
+void event_pool::destroy_chain(fence* f) noexcept {
+  while (f != nullptr) {
+    fence* const next = f->next_returned_;
+    destroy(f);
+    f = next;
+  }
+}
+
 arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_ref* out,
                                     shard_slot slot) {
   fence* excess = nullptr;
@@ -59,11 +63,7 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
     mine.free.pop_back();
     return last;
   });
-  while (excess != nullptr) {
-    fence* const next = excess->next_returned_;
-    destroy(excess);
-    excess = next;
-  }
+  destroy_chain(excess);
   if (f == nullptr) {
     event_handle e = nullptr;
     ARCPOOL_RETURN_IF_ERROR(driver_.event_create(&e));

@@ -107,6 +107,8 @@ class event_pool {
   [[gnu::noinline]] fence* take_returned(shard& mine, fence** excess);
   /// Destroys the event of `f`, and `f`.
   void destroy(fence* f) noexcept;
+  /// destroy, for each fence of the returned chain that starts at `f`.
+  void destroy_chain(fence* f) noexcept;
   /// Runs `fn(shard)` on the shard of `slot` (the calling thread's), under its lock if shared.
   template <class F>
   auto with_own_shard(shard_slot slot, F&& fn) {

@@ -1,5 +1,7 @@
 #include "support/thread_state.hpp"
 
+#include <utility>
+
 namespace arcpool::detail {
 
 namespace {
@@ -84,25 +86,24 @@ void block_list::discard(void* p) noexcept {
   if (home != nullptr && home->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete home;
 }
 
-void block_list::drain() noexcept {
-  st = state::exited;
-  room = 0;
-  while (head != nullptr) {
-    node* const n = head;
-    head = n->next;
-    discard(n);
-  }
-  if (inbox == nullptr) return;
-  block_inbox* const home = inbox;
-  inbox = nullptr;
-  // Closed from now on: a block sent home after this goes to the heap (send_home).
-  auto* n = static_cast<node*>(
-      home->head.exchange(reinterpret_cast<void*>(kClosed), std::memory_order_acquire));
+void block_list::discard_chain(node* n) noexcept {
   while (n != nullptr) {
     node* const next = n->next;
     discard(n);
     n = next;
   }
+}
+
+void block_list::drain() noexcept {
+  st = state::exited;
+  room = 0;
+  discard_chain(std::exchange(head, nullptr));
+  if (inbox == nullptr) return;
+  block_inbox* const home = inbox;
+  inbox = nullptr;
+  // Closed from now on: a block sent home after this goes to the heap (send_home).
+  discard_chain(static_cast<node*>(
+      home->head.exchange(reinterpret_cast<void*>(kClosed), std::memory_order_acquire)));
   if (home->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete home;
 }
 

@@ -153,6 +153,8 @@ struct block_list {
   static void send_home(void* p, block_inbox* home) noexcept;
   /// Gives `p` back to the heap, with its home's reference.
   static void discard(void* p) noexcept;
+  /// discard, for each block of the chain that starts at `n`.
+  static void discard_chain(node* n) noexcept;
 };
 
 /// One thread's state. Trivially destructible and constant-initialized: reading it is one TLS
