@@ -5,10 +5,14 @@
 //   before stays findable and freeable.
 // - A view whose handle cannot be made: it takes no reference.
 // - A transfer whose fence cannot be made: its event goes too, and the allocation stays.
+// - A fence released when its event pool's shard cannot grow: the release allocates nothing (it
+//   is noexcept), and the fence's event is kept elsewhere or destroyed.
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
-// growth uses in arcpool, and the nothrow scalar operator new (records' blocks, views' handles,
-// fences), so that a test can make exactly one such allocation fail.
+// growth uses in arcpool, the nothrow scalar operator new (records' blocks, views' handles,
+// fences), and the throwing scalar operator new (standard containers), so that a test can make
+// exactly one such allocation fail.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -35,7 +39,24 @@ struct failing_news {
 };
 failing_news g_array_news;
 failing_news g_scalar_news;
+failing_news g_throwing_news;
+
+/// The throwing operator new that this program's replaces: the next definition in the process
+/// (the sanitizer runtime's, or the C++ library's), so that delete matches. Looked up at the
+/// first use, which may come before this file's dynamic initialization.
+using throwing_new = void* (*)(std::size_t);
+throwing_new next_new() noexcept {
+  static const auto next = reinterpret_cast<throwing_new>(dlsym(RTLD_NEXT, "_Znwm"));
+  return next;
+}
 }  // namespace
+
+/// Fails while the test asks for it (std::bad_alloc); otherwise the next definition's.
+void* operator new(std::size_t bytes) {
+  const throwing_new next = next_new();
+  if (g_throwing_news.take() || next == nullptr) throw std::bad_alloc();
+  return next(bytes);
+}
 
 /// Fails while the test asks for it; otherwise the default array new (so that delete[] matches).
 void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
@@ -47,12 +68,13 @@ void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
   }
 }
 
-/// Fails while the test asks for it; otherwise the default nothrow new (so that delete
-/// matches, also under AddressSanitizer).
+/// Fails while the test asks for it; otherwise the next definition's throwing new (so that
+/// delete matches, also under AddressSanitizer), unaffected by g_throwing_news.
 void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
-  if (g_scalar_news.take()) return nullptr;
+  const throwing_new next = next_new();
+  if (g_scalar_news.take() || next == nullptr) return nullptr;
   try {
-    return ::operator new(bytes);
+    return next(bytes);
   } catch (...) {
     return nullptr;
   }
@@ -189,6 +211,71 @@ TEST(HostMemoryExhaustion, AFenceTheHostHasNoMemoryForFailsItsTransferAndChanges
   EXPECT_OK(arcpool_allocation_info(a, &info));
   EXPECT_EQ(from, info.current_stream) << "the refused transfer moved the allocation";
 
+  EXPECT_OK(arcpool_transfer(a, to));
+  EXPECT_OK(arcpool_deallocate_async(a, to, 0));
+  arcpool_allocation_release(a);
+  EXPECT_OK(arcpool_stream_synchronize(alloc, to));
+  EXPECT_OK(arcpool_stream_destroy(alloc, from));
+  EXPECT_OK(arcpool_stream_destroy(alloc, to));
+  arcpool_allocator_destroy(alloc);
+}
+
+/// A transfer of a new allocation between two new streams of `alloc`, and their end.
+void transfer_once(arcpool_allocator_t* alloc) {
+  arcpool_stream_t from = nullptr;
+  arcpool_stream_t to = nullptr;
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &a))
+      << arcpool_last_error();
+  EXPECT_OK(arcpool_transfer(a, to));
+  EXPECT_OK(arcpool_allocation_discard_and_release(a));
+  EXPECT_OK(arcpool_stream_destroy(alloc, to));
+  EXPECT_OK(arcpool_stream_destroy(alloc, from));
+}
+
+TEST(HostMemoryExhaustion, AFenceReleasedWhenItsShardCannotGrowIsNotKeptAndLosesNothing) {
+  // The null driver allocates nothing of its own, so that the one container allocation a
+  // transfer makes is the event pool's: its first fence, released at the transfer's end, needs
+  // room in its thread's shard. A release is noexcept: it may not allocate that room.
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_NULL;
+  arcpool_allocator_t* warm = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &warm))
+      << arcpool_last_error();
+  // This thread's own state (its records, its stream cache) is made on another allocator first.
+  transfer_once(warm);
+  arcpool_allocator_destroy(warm);
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
+      << arcpool_last_error();
+  arcpool_stream_t from = nullptr;
+  arcpool_stream_t to = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &a))
+      << arcpool_last_error();
+
+  // The first refused allocation is the shard's storage, which its first fence reserves; a
+  // second would be one the fence's release made.
+  const int failed_before = g_throwing_news.failed.load();
+  g_throwing_news.to_fail = 2;
+  const arcpool_status_t status = arcpool_transfer(a, to);
+  g_throwing_news.to_fail = 0;
+  ASSERT_EQ(failed_before + 1, g_throwing_news.failed.load())
+      << "the transfer did not reserve its shard's storage, or not once";
+  EXPECT_OK(status);
+  arcpool_allocation_info_t info;
+  info.struct_size = sizeof(info);
+  info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+  EXPECT_OK(arcpool_allocation_info(a, &info));
+  EXPECT_EQ(to, info.current_stream);
+
+  // The pool works on: transfers back and forth, with host memory.
+  EXPECT_OK(arcpool_transfer(a, from));
   EXPECT_OK(arcpool_transfer(a, to));
   EXPECT_OK(arcpool_deallocate_async(a, to, 0));
   arcpool_allocation_release(a);

@@ -24,13 +24,12 @@ event_pool::~event_pool() {
 fence* event_pool::take_returned(shard& mine, fence** excess) {
   // A load first: most threads never have fences returned.
   if (mine.returned.load(std::memory_order_relaxed) == nullptr) return nullptr;
-  // Room first, so that nothing can fail once the chain is taken.
-  mine.free.reserve(shard_capacity_);
   fence* f = mine.returned.exchange(nullptr, std::memory_order_acquire);
   if (f == nullptr) return nullptr;
   size_t taken = 1;
   fence* next = f->next_returned_;
-  for (; next != nullptr && mine.free.size() < shard_capacity_; next = next->next_returned_) {
+  // The caller reserved the storage, if it could: the pushes do not allocate.
+  for (; next != nullptr && has_room(mine); next = next->next_returned_) {
     mine.free.push_back(next);
     ++taken;
   }
@@ -39,6 +38,15 @@ fence* event_pool::take_returned(shard& mine, fence** excess) {
     ++taken;
   mine.returned_count.fetch_sub(taken, std::memory_order_relaxed);
   return f;
+}
+
+void event_pool::reserve_room(shard& mine) noexcept {
+  if (mine.free.capacity() >= shard_capacity_) return;
+  try {
+    mine.free.reserve(shard_capacity_);
+  } catch (const std::bad_alloc&) {
+    // No host memory: the shard keeps the room it has (see the declaration).
+  }
 }
 
 void event_pool::destroy(fence* f) noexcept {
@@ -58,7 +66,10 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
                                     shard_slot slot) {
   fence* excess = nullptr;
   fence* f = with_own_shard(slot, [&](shard& mine) -> fence* {
-    if (mine.free.empty()) return take_returned(mine, &excess);
+    if (mine.free.empty()) {
+      reserve_room(mine);
+      return take_returned(mine, &excess);
+    }
     fence* last = mine.free.back();
     mine.free.pop_back();
     return last;
@@ -109,8 +120,8 @@ size_t event_pool::events_created() const {
 void event_pool::recycle(fence* f) noexcept {
   const shard_slot slot = thread_shard();
   const bool kept = with_own_shard(slot, [&](shard& mine) {
-    if (mine.free.size() >= shard_capacity_) return false;
-    mine.free.push_back(f);
+    if (!has_room(mine)) return false;
+    mine.free.push_back(f);  // within the reserved storage: no allocation
     return true;
   });
   if (kept) return;

@@ -109,6 +109,15 @@ class event_pool {
   void destroy(fence* f) noexcept;
   /// destroy, for each fence of the returned chain that starts at `f`.
   void destroy_chain(fence* f) noexcept;
+  /// Whether `mine` has room for one more free event: below its capacity, and within the
+  /// storage reserved for it (reserve_room), so that recycle, which is noexcept, never allocates.
+  bool has_room(const shard& mine) const noexcept {
+    return mine.free.size() < shard_capacity_ && mine.free.size() != mine.free.capacity();
+  }
+  /// Reserves storage for the shard's capacity, when a thread holding `mine` runs out of free
+  /// events. With no host memory for it the shard keeps what room it has: the fences released
+  /// past it go to their own shard's returned chain, or are destroyed.
+  void reserve_room(shard& mine) noexcept;
   /// Runs `fn(shard)` on the shard of `slot` (the calling thread's), under its lock if shared.
   template <class F>
   auto with_own_shard(shard_slot slot, F&& fn) {
