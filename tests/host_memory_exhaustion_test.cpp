@@ -182,57 +182,63 @@ TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {
   arcpool_allocator_destroy(alloc);
 }
 
+/// An allocation on stream `from` of an allocator, and a second stream `to` to hand it to.
+struct handoff {
+  arcpool_allocator_t* alloc = nullptr;
+  arcpool_stream_t from = nullptr;
+  arcpool_stream_t to = nullptr;
+  arcpool_allocation_t* a = nullptr;
+
+  /// Makes the streams and the allocation on `allocator` (a fatal failure if one cannot be).
+  void open(arcpool_allocator_t* allocator) {
+    alloc = allocator;
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &a))
+        << arcpool_last_error();
+  }
+  /// The allocation's current stream.
+  arcpool_stream_t current() const {
+    arcpool_allocation_info_t info;
+    info.struct_size = sizeof(info);
+    info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+    EXPECT_OK(arcpool_allocation_info(a, &info));
+    return info.current_stream;
+  }
+  /// Hands the allocation to `to` (host memory permitting), frees it there, and destroys the
+  /// streams.
+  void close() {
+    EXPECT_OK(arcpool_transfer(a, to));
+    EXPECT_OK(arcpool_deallocate_async(a, to, 0));
+    arcpool_allocation_release(a);
+    EXPECT_OK(arcpool_stream_synchronize(alloc, to));
+    EXPECT_OK(arcpool_stream_destroy(alloc, from));
+    EXPECT_OK(arcpool_stream_destroy(alloc, to));
+  }
+};
+
 TEST(HostMemoryExhaustion, AFenceTheHostHasNoMemoryForFailsItsTransferAndChangesNothing) {
   // A transfer's fence is the first of its pool's (no event to reuse): its record cannot be
   // made. The event made for it goes too (LeakSanitizer checks it in the ASan build), and the
   // allocation stays on its stream.
   arcpool_allocator_t* alloc = host_allocator();
   ASSERT_NE(nullptr, alloc);
-  arcpool_stream_t from = nullptr;
-  arcpool_stream_t to = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
-  arcpool_allocation_t* a = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &a))
-      << arcpool_last_error();
+  handoff h;
+  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
 
   const int failed_before = g_scalar_news.failed.load();
   g_scalar_news.to_fail = 1;
-  const arcpool_status_t status = arcpool_transfer(a, to);
+  const arcpool_status_t status = arcpool_transfer(h.a, h.to);
   g_scalar_news.to_fail = 0;
   ASSERT_EQ(failed_before + 1, g_scalar_news.failed.load())
       << "the transfer made no allocation the test can fail";
   EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status);
   EXPECT_NE(std::string::npos, std::string(arcpool_last_error()).find("no host memory"))
       << arcpool_last_error();
-  arcpool_allocation_info_t info;
-  info.struct_size = sizeof(info);
-  info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
-  EXPECT_OK(arcpool_allocation_info(a, &info));
-  EXPECT_EQ(from, info.current_stream) << "the refused transfer moved the allocation";
+  EXPECT_EQ(h.from, h.current()) << "the refused transfer moved the allocation";
 
-  EXPECT_OK(arcpool_transfer(a, to));
-  EXPECT_OK(arcpool_deallocate_async(a, to, 0));
-  arcpool_allocation_release(a);
-  EXPECT_OK(arcpool_stream_synchronize(alloc, to));
-  EXPECT_OK(arcpool_stream_destroy(alloc, from));
-  EXPECT_OK(arcpool_stream_destroy(alloc, to));
+  h.close();  // the transfer works now
   arcpool_allocator_destroy(alloc);
-}
-
-/// A transfer of a new allocation between two new streams of `alloc`, and their end.
-void transfer_once(arcpool_allocator_t* alloc) {
-  arcpool_stream_t from = nullptr;
-  arcpool_stream_t to = nullptr;
-  arcpool_allocation_t* a = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &a))
-      << arcpool_last_error();
-  EXPECT_OK(arcpool_transfer(a, to));
-  EXPECT_OK(arcpool_allocation_discard_and_release(a));
-  EXPECT_OK(arcpool_stream_destroy(alloc, to));
-  EXPECT_OK(arcpool_stream_destroy(alloc, from));
 }
 
 TEST(HostMemoryExhaustion, AFenceReleasedWhenItsShardCannotGrowIsNotKeptAndLosesNothing) {
@@ -242,46 +248,34 @@ TEST(HostMemoryExhaustion, AFenceReleasedWhenItsShardCannotGrowIsNotKeptAndLoses
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
   options.driver = ARCPOOL_DRIVER_NULL;
+  // This thread's own state (its records, its stream cache) is made on another allocator first.
   arcpool_allocator_t* warm = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &warm))
       << arcpool_last_error();
-  // This thread's own state (its records, its stream cache) is made on another allocator first.
-  transfer_once(warm);
+  handoff warm_up;
+  ASSERT_NO_FATAL_FAILURE(warm_up.open(warm));
+  warm_up.close();
   arcpool_allocator_destroy(warm);
+
   arcpool_allocator_t* alloc = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
       << arcpool_last_error();
-  arcpool_stream_t from = nullptr;
-  arcpool_stream_t to = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
-  arcpool_allocation_t* a = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &a))
-      << arcpool_last_error();
-
+  handoff h;
+  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
   // The first refused allocation is the shard's storage, which its first fence reserves; a
   // second would be one the fence's release made.
   const int failed_before = g_throwing_news.failed.load();
   g_throwing_news.to_fail = 2;
-  const arcpool_status_t status = arcpool_transfer(a, to);
+  const arcpool_status_t status = arcpool_transfer(h.a, h.to);
   g_throwing_news.to_fail = 0;
   ASSERT_EQ(failed_before + 1, g_throwing_news.failed.load())
       << "the transfer did not reserve its shard's storage, or not once";
   EXPECT_OK(status);
-  arcpool_allocation_info_t info;
-  info.struct_size = sizeof(info);
-  info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
-  EXPECT_OK(arcpool_allocation_info(a, &info));
-  EXPECT_EQ(to, info.current_stream);
+  EXPECT_EQ(h.to, h.current());
 
-  // The pool works on: transfers back and forth, with host memory.
-  EXPECT_OK(arcpool_transfer(a, from));
-  EXPECT_OK(arcpool_transfer(a, to));
-  EXPECT_OK(arcpool_deallocate_async(a, to, 0));
-  arcpool_allocation_release(a);
-  EXPECT_OK(arcpool_stream_synchronize(alloc, to));
-  EXPECT_OK(arcpool_stream_destroy(alloc, from));
-  EXPECT_OK(arcpool_stream_destroy(alloc, to));
+  // The pool works on: the allocation goes back and forth with host memory.
+  EXPECT_OK(arcpool_transfer(h.a, h.from));
+  h.close();
   arcpool_allocator_destroy(alloc);
 }
 
