@@ -10,7 +10,8 @@
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
 // growth uses in arcpool, the nothrow scalar operator new (records' blocks, views' handles,
-// fences), and the throwing scalar operator new (standard containers), so that a test can make
+// fences), and the throwing scalar operator new (standard containers; refused only where
+// arcpool's own code calls it, not an NVTX tool loaded beside it), so that a test can make
 // exactly one such allocation fail.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -49,12 +50,28 @@ throwing_new next_new() noexcept {
   static const auto next = reinterpret_cast<throwing_new>(dlsym(RTLD_NEXT, "_Znwm"));
   return next;
 }
+
+/// True when `return_address` is in arcpool's code: the object (this program, or
+/// libarcpool.so) that holds arcpool_transfer. A tool loaded beside it, such as the NVTX
+/// injection that device-check attaches, allocates from its own object, and is not refused.
+bool called_by_arcpool(const void* return_address) noexcept {
+  Dl_info caller;
+  Dl_info arcpool;
+  return dladdr(return_address, &caller) != 0 &&
+         dladdr(reinterpret_cast<const void*>(&arcpool_transfer), &arcpool) != 0 &&
+         caller.dli_fbase == arcpool.dli_fbase;
+}
 }  // namespace
 
-/// Fails while the test asks for it (std::bad_alloc); otherwise the next definition's.
+/// Fails while the test asks for it and arcpool's code calls it (std::bad_alloc); otherwise the
+/// next definition's.
 void* operator new(std::size_t bytes) {
   const throwing_new next = next_new();
-  if (g_throwing_news.take() || next == nullptr) throw std::bad_alloc();
+  if (next == nullptr ||
+      (g_throwing_news.to_fail.load() > 0 && called_by_arcpool(__builtin_return_address(0)) &&
+       g_throwing_news.take())) {
+    throw std::bad_alloc();
+  }
   return next(bytes);
 }
 
