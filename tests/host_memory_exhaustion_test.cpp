@@ -42,7 +42,7 @@ failing_news g_array_news;
 failing_news g_scalar_news;
 failing_news g_throwing_news;
 
-/// The throwing operator new that this program's replaces: the next definition in the process
+/// The throwing operator new that this program replaces: the next definition in the process
 /// (the sanitizer runtime's, or the C++ library's), so that delete matches. Looked up at the
 /// first use, which may come before this file's dynamic initialization.
 using throwing_new = void* (*)(std::size_t);
