@@ -88,8 +88,7 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
   if (arcpool_status_t status = driver_.event_record(f->event_, s);
       status != ARCPOOL_STATUS_SUCCESS) {
     // An event whose record failed (e.g. a capture began meanwhile) never returns to the pool.
-    driver_.event_destroy(f->event_);
-    delete f;
+    destroy(f);
     return status;
   }
   f->stream_id_ = stream_id;
@@ -106,9 +105,7 @@ arcpool_status_t event_pool::record_outside_capture(stream_handle s, uint64_t st
   ARCPOOL_RETURN_IF_ERROR(record(s, stream_id, out));
   ARCPOOL_RETURN_IF_ERROR(driver_.stream_is_capturing(s, capturing));
   if (*capturing) {
-    fence* f = out->detach();  // the one reference: never recycled
-    driver_.event_destroy(f->event_);
-    delete f;
+    destroy(out->detach());  // the one reference: never recycled
   }
   return ARCPOOL_STATUS_SUCCESS;
 }
