@@ -58,6 +58,27 @@ TEST(SmallVector, EveryElementIsReleasedOnceByPopClearMoveAndDestruction) {
   EXPECT_EQ(1, counted.use_count()) << "destruction releases inline and overflow elements";
 }
 
+TEST(SmallVector, AMoveTakesTheElementsPastTheInlinePartWithTheirStorage) {
+  // A move is noexcept: building the overflow again would allocate, and end the process when
+  // the host has no memory.
+  list v;
+  for (int i = 0; i < 6; ++i)
+    v.push_back(std::make_shared<int>(i));
+  const std::shared_ptr<int>* fifth = &v[5];
+  list moved(std::move(v));
+  EXPECT_EQ(fifth, &moved[5]) << "the move built the elements past the inline part again";
+  EXPECT_EQ((std::vector<int>{0, 1, 2, 3, 4, 5}), values(moved));
+  EXPECT_TRUE(v.empty_and_inline());
+
+  list assigned;
+  for (int i = 0; i < 7; ++i)
+    assigned.push_back(std::make_shared<int>(10 + i));  // its own overflow, dropped by the move
+  assigned = std::move(moved);
+  EXPECT_EQ(fifth, &assigned[5]);
+  EXPECT_EQ((std::vector<int>{0, 1, 2, 3, 4, 5}), values(assigned));
+  EXPECT_TRUE(moved.empty());
+}
+
 TEST(SmallVector, RandomPushesAndPopsMatchAStdVector) {
   std::mt19937 rng(12345);
   list v;

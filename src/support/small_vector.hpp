@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -18,11 +19,20 @@ class small_vector {
   small_vector(const small_vector&) = delete;
   small_vector& operator=(const small_vector&) = delete;
   small_vector(small_vector&& other) noexcept { *this = std::move(other); }
+  /// Moves the first N elements one by one and takes the storage of the rest with them: a move
+  /// allocates nothing (a noexcept move that allocated would end the process without memory).
   small_vector& operator=(small_vector&& other) noexcept {
+    static_assert(std::is_nothrow_move_constructible_v<T>, "a move may not throw");
+    if (this == &other) return *this;
     clear();
-    for (T& v : other)
-      push_back(std::move(v));
-    other.clear();
+    const size_t n = other.size_;
+    for (size_t i = 0; i < n && i < N; ++i) {
+      new (inline_ptr() + i) T(std::move(other.inline_ptr()[i]));
+      other.inline_ptr()[i].~T();
+    }
+    if (n > N) overflow_ = std::move(other.overflow_);
+    size_ = n;
+    other.size_ = 0;
     return *this;
   }
   ~small_vector() { clear(); }
