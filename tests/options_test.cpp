@@ -90,6 +90,21 @@ TEST(Options, BadFieldsAreRejected) {
   EXPECT_EQ(nullptr, a);
 }
 
+TEST(Options, AnEventPoolCapacityAboveItsBoundIsRejected) {
+  // SIZE_MAX ("no bound") would make a thread's first fence reserve more than a vector can
+  // hold: std::length_error in a noexcept function, which ends the process.
+  arcpool_allocator_t* a = nullptr;
+  auto o = defaults();
+  o.driver = ARCPOOL_DRIVER_HOST;
+  o.event_pool_capacity = SIZE_MAX;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(&o, &a));
+  EXPECT_EQ(nullptr, a);
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "event_pool_capacity"));
+  o.event_pool_capacity = ARCPOOL_MAX_EVENT_POOL_CAPACITY;
+  ASSERT_STATUS(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&o, &a));
+  arcpool_allocator_destroy(a);
+}
+
 TEST(Options, TheEnvironmentOverridesAuto) {
   scoped_env env("ARCPOOL_DRIVER", "host");
   arcpool_allocator_t* a = nullptr;

@@ -169,6 +169,9 @@ typedef void (*arcpool_before_free_t)(void* pointer, size_t bytes, arcpool_strea
 /** Version of arcpool_allocator_options_t this header describes. */
 #define ARCPOOL_ALLOCATOR_OPTIONS_VERSION 1
 
+/** Largest event_pool_capacity an allocator accepts (events kept for reuse). */
+#define ARCPOOL_MAX_EVENT_POOL_CAPACITY ((size_t)1 << 20)
+
 /** Options of arcpool_allocator_create. Fill with arcpool_allocator_options_init first. */
 typedef struct arcpool_allocator_options_t {
   size_t struct_size; /**< sizeof(arcpool_allocator_options_t) */
@@ -223,7 +226,8 @@ typedef struct arcpool_allocator_options_t {
    * picks the order), no reclaim worker starts, and a happens-before checker verifies every
    * stream operation (see src/drivers/deterministic.hpp). Default 0. */
   uint64_t host_deterministic_seed;
-  /** Events kept for reuse by the event pool. Default 0: 1024. */
+  /** Events kept for reuse by the event pool. Default 0: 1024. At most 2^20
+   * (ARCPOOL_MAX_EVENT_POOL_CAPACITY; INVALID_ARGUMENT above). */
   size_t event_pool_capacity;
   /** Out-of-memory callback (see arcpool_oom_callback_t). Default NULL. */
   arcpool_oom_callback_t on_out_of_memory;

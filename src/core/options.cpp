@@ -62,6 +62,13 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
                 "allocator options: peer_device_count %zu with peer_devices NULL",
                 o.peer_device_count);
   }
+  if (o.event_pool_capacity > ARCPOOL_MAX_EVENT_POOL_CAPACITY) {
+    return fail(
+        ARCPOOL_STATUS_INVALID_ARGUMENT,
+        "allocator options: event_pool_capacity %zu is above %zu (each kept event is a CUDA "
+        "event, and a thread's share of the pool is reserved at its first fence)",
+        o.event_pool_capacity, size_t{ARCPOOL_MAX_EVENT_POOL_CAPACITY});
+  }
   allocator_config c;
   c.driver.device = o.device;
   c.driver.kind = o.driver;
