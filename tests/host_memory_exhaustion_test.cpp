@@ -7,6 +7,7 @@
 // - A transfer whose fence cannot be made: its event goes too, and the allocation stays.
 // - A fence released when its event pool's shard cannot grow: the release allocates nothing (it
 //   is noexcept), and the fence's event is kept elsewhere or destroyed.
+// - A thread that exits: giving its statistics shard back (in a destructor) allocates nothing.
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
 // growth uses in arcpool, the nothrow scalar operator new (records' blocks, views' handles,
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "arcpool/arcpool.h"
@@ -293,6 +295,37 @@ TEST(HostMemoryExhaustion, AFenceReleasedWhenItsShardCannotGrowIsNotKeptAndLoses
   // The pool works on: the allocation goes back and forth with host memory.
   EXPECT_OK(arcpool_transfer(h.a, h.from));
   h.close();
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AThreadThatExitsWithoutHostMemoryGivesItsShardBackAndEndsCleanly) {
+  // A thread takes a statistics shard at its first operation and gives it back in a destructor
+  // at its exit, where a throw ends the process. ctest runs this test in a process of its own,
+  // where the thread's index is the first one given back: a table that grew as indices came
+  // back would allocate there.
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_NULL;  // no thread of its own that could take the refusal
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
+      << arcpool_last_error();
+  const int failed_before = g_throwing_news.failed.load();
+  std::thread([alloc] {
+    arcpool_allocation_t* a = nullptr;
+    EXPECT_OK(arcpool_allocate_async(alloc, kBytes, 0, nullptr, 0, &a));
+    EXPECT_OK(arcpool_deallocate_async(a, nullptr, 0));
+    arcpool_allocation_release(a);
+    g_throwing_news.to_fail = 1;  // from here to the thread's end
+  }).join();
+  const int refused = g_throwing_news.failed.load() - failed_before;
+  g_throwing_news.to_fail = 0;
+  EXPECT_EQ(0, refused) << "the thread's exit allocated";
+
+  // The allocator works on, from this thread and from another.
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_OK(arcpool_allocate_async(alloc, kBytes, 0, nullptr, 0, &a));
+  std::thread([a] { EXPECT_OK(arcpool_deallocate_async(a, nullptr, 0)); }).join();
+  arcpool_allocation_release(a);
   arcpool_allocator_destroy(alloc);
 }
 
