@@ -8,6 +8,9 @@
 // - A fence released when its event pool's shard cannot grow: the release allocates nothing (it
 //   is noexcept), and the fence's event is kept elsewhere or destroyed.
 // - A thread that exits: giving its statistics shard back (in a destructor) allocates nothing.
+// - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
+//   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
+//   cannot fail (the last reference's release), counts a refusal instead of ending the process.
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
 // growth uses in arcpool, the nothrow scalar operator new (records' blocks, views' handles,
@@ -26,13 +29,20 @@
 #include "arcpool/arcpool.h"
 
 namespace {
-/// One kind of operator new that a test makes fail: the next `to_fail` calls fail.
+/// One kind of operator new that a test makes fail: while `to_fail` is set, the next `to_pass`
+/// calls succeed, then the next `to_fail` calls fail.
 struct failing_news {
+  std::atomic<int> to_pass{0};
   std::atomic<int> to_fail{0};
   std::atomic<int> failed{0};
 
   /// True if this call is to fail (and counts it).
   bool take() noexcept {
+    if (to_fail.load() <= 0) return false;
+    int pass = to_pass.load();
+    while (pass > 0 && !to_pass.compare_exchange_weak(pass, pass - 1)) {
+    }
+    if (pass > 0) return false;
     int left = to_fail.load();
     while (left > 0 && !to_fail.compare_exchange_weak(left, left - 1)) {
     }
@@ -326,6 +336,128 @@ TEST(HostMemoryExhaustion, AThreadThatExitsWithoutHostMemoryGivesItsShardBackAnd
   EXPECT_OK(arcpool_allocate_async(alloc, kBytes, 0, nullptr, 0, &a));
   std::thread([a] { EXPECT_OK(arcpool_deallocate_async(a, nullptr, 0)); }).join();
   arcpool_allocation_release(a);
+  arcpool_allocator_destroy(alloc);
+}
+
+/// Stream `to` of a host-driver allocator, held by a host function until release(): fences
+/// recorded on it stay pending, so deferred frees fenced there stay queued.
+struct held_stream {
+  arcpool_allocator_t* alloc = nullptr;
+  arcpool_stream_t from = nullptr;
+  arcpool_stream_t to = nullptr;
+  std::atomic<bool> go{false};
+
+  void open() {
+    alloc = host_allocator();
+    ASSERT_NE(nullptr, alloc);
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_launch_host_func(
+                                          alloc, to,
+                                          [](void* flag) {
+                                            while (!static_cast<std::atomic<bool>*>(flag)->load())
+                                              std::this_thread::yield();
+                                          },
+                                          &go))
+        << arcpool_last_error();
+  }
+  /// A deferred free fenced on `to`, queued (the reclaim worker starts, and the queue holds one).
+  void queue_one() {
+    arcpool_allocation_t* x = nullptr;
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &x))
+        << arcpool_last_error();
+    EXPECT_OK(arcpool_deallocate_async(x, to, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+    arcpool_allocation_release(x);
+  }
+  arcpool_stats_t stats() const {
+    arcpool_stats_t st;
+    st.struct_size = sizeof(st);
+    st.version = ARCPOOL_STATS_VERSION;
+    EXPECT_OK(arcpool_stats_get(alloc, &st));
+    return st;
+  }
+  /// Lets `to` run and completes every deferred free.
+  void complete() {
+    go = true;
+    EXPECT_OK(arcpool_stream_synchronize(alloc, to));
+    EXPECT_OK(arcpool_allocator_trim(alloc, 0));
+  }
+  /// Destroys the streams and the allocator.
+  void close() {
+    EXPECT_OK(arcpool_stream_destroy(alloc, from));
+    EXPECT_OK(arcpool_stream_destroy(alloc, to));
+    arcpool_allocator_destroy(alloc);
+  }
+};
+
+TEST(HostMemoryExhaustion, ADeferredFreeTheHostHasNoMemoryForFailsAndLosesNothing) {
+  // Each attempt lets one more of arcpool's throwing allocations through before it refuses the
+  // next: wherever the refusal lands, the call fails and the allocation stays as it was, until
+  // an attempt needs no more than it was let through. The queue holds one free (fenced on the
+  // held stream), so that queueing the next grows a queue kept in a vector.
+  held_stream h;
+  ASSERT_NO_FATAL_FAILURE(h.open());
+  ASSERT_NO_FATAL_FAILURE(h.queue_one());
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(h.alloc, kBytes, 0, h.from, 0, &a))
+      << arcpool_last_error();
+  int refusals = 0;
+  for (int passed = 0;; ++passed) {
+    ASSERT_LT(passed, 100) << "the deallocation kept failing";
+    const int failed_before = g_throwing_news.failed.load();
+    g_throwing_news.to_pass = passed;
+    g_throwing_news.to_fail = 1;
+    const arcpool_status_t status =
+        arcpool_deallocate_async(a, h.to, ARCPOOL_DEALLOCATE_FLAG_DEFERRED);
+    g_throwing_news.to_fail = 0;
+    g_throwing_news.to_pass = 0;
+    if (status == ARCPOOL_STATUS_SUCCESS) break;
+    ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+    ASSERT_EQ(failed_before + 1, g_throwing_news.failed.load()) << "failed without a refusal";
+    ASSERT_EQ(1, arcpool_allocation_is_terminal(a))
+        << "a deallocation that failed for host memory changed the allocation (refused after "
+        << passed << " allocations)";
+    ++refusals;
+  }
+  EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
+  arcpool_allocation_release(a);
+  EXPECT_EQ(2u, h.stats().deferred_frees);
+
+  h.complete();  // every free completes: nothing was lost
+  const arcpool_stats_t st = h.stats();
+  EXPECT_EQ(0u, st.allocations_in_use_current);
+  EXPECT_EQ(0u, st.bytes_pending_free_current);
+  EXPECT_EQ(0u, st.reclaim_failures);
+  h.close();
+}
+
+TEST(HostMemoryExhaustion, ALeakedAllocationsFreeTheHostHasNoMemoryForIsCountedNotFatal) {
+  // A leaked owner's last reference frees the memory implicitly, in a release that cannot fail:
+  // with a use record of another stream its free is deferred. With every allocation of
+  // arcpool's refused, the free is abandoned and counted; the process goes on. (The null
+  // driver: the memory it abandons is no host memory, which LeakSanitizer would report.)
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_NULL;
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
+      << arcpool_last_error();
+  handoff h;
+  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  EXPECT_OK(arcpool_record_use(h.a, h.to));
+  const int failed_before = g_throwing_news.failed.load();
+  g_throwing_news.to_fail = 1000;
+  arcpool_allocation_release(h.a);  // the last reference of a live allocation
+  g_throwing_news.to_fail = 0;
+  EXPECT_LT(failed_before, g_throwing_news.failed.load()) << "nothing was refused";
+  arcpool_stats_t st;
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  EXPECT_OK(arcpool_stats_get(alloc, &st));
+  EXPECT_EQ(1u, st.reclaim_failures);
+  EXPECT_EQ(0u, st.implicit_frees);
+  EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
+  EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
   arcpool_allocator_destroy(alloc);
 }
 

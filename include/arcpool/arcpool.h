@@ -798,7 +798,7 @@ ARCPOOL_API arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* po
   X(exports, "exported allocations")                                                  \
   X(oom_retries, "allocations retried after flushing and reclaiming")                 \
   X(oom_failures, "allocations that failed with OUT_OF_MEMORY")                       \
-  X(reclaim_failures, "deferred frees abandoned because a CUDA call failed")
+  X(reclaim_failures, "deferred frees abandoned: a CUDA call failed, or no host memory")
 
 /** Graph memory (allocations on capturing streams; docs/graphs.md), reported apart from the
  * pool's: gauges with `_current` and `_peak` fields, then counters, after the pool's figures

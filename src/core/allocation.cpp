@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/allocator.hpp"
+#include "core/reclaimer.hpp"
 
 namespace arcpool::detail {
 
@@ -11,6 +12,10 @@ allocation::allocation(allocator& owner_allocator, const params& p)
       owner(owner_allocator),
       placement(p),
       current(placement.origin) {}
+
+allocation::~allocation() {
+  delete deferred_free;  // null once the last reference queued it
+}
 
 void allocation::release() noexcept {
   if (refs.decrement()) owner.on_last_reference(this);

@@ -17,6 +17,7 @@ namespace arcpool::detail {
 class allocation;
 class allocator;
 class graph_pool;
+struct reclaim_item;
 }  // namespace arcpool::detail
 
 /// The C handle. The primary handle of an allocation is its control record itself; a view is a
@@ -73,6 +74,9 @@ class allocation final : public arcpool_allocation {
   };
 
   allocation(allocator& owner, const params& p);
+  ~allocation();
+  allocation(const allocation&) = delete;
+  allocation& operator=(const allocation&) = delete;
   /// A cache hit's record, built in place (`::new (storage)`, in a block of the calling
   /// thread's record list): `bytes` at `block` (held whole, aligned to the pool's alignment) on
   /// `origin`, ASYNCHRONOUS and nothing else.
@@ -115,7 +119,9 @@ class allocation final : public arcpool_allocation {
   spinlock mutex;
   stream_ref current;            ///< the stream the memory may be used on now
   std::vector<use_record> uses;  ///< other streams using it
-  fence_list held_fences;        ///< indeterminate lifetime: fences of the deallocation
+  /// Indeterminate lifetime, once deallocated: its free, with the deallocation's fences, queued
+  /// by the last reference (made by the deallocation, which can still fail; owned).
+  reclaim_item* deferred_free = nullptr;
   /// Set while `current` is a per-thread default stream: a fence taken on it when it was named
   /// (allocate, transfer), on its own thread. Another thread cannot fence that stream, so this is
   /// what its deallocations and transfers wait on (design.md §6).
@@ -126,11 +132,10 @@ class allocation final : public arcpool_allocation {
     const auto st = owners.load().st;
     return st == ARCPOOL_ALLOCATION_DEALLOCATED || st == ARCPOOL_ALLOCATION_EXPORTED;
   }
-  /// A determinate lifetime, and nothing the record's destructor would release: no use-record
-  /// storage, no fences. (What the fast path's allocations leave.)
+  /// A determinate lifetime (so no deferred free), and nothing else the record's destructor
+  /// would release: no use-record storage, no fence. (What the fast path's allocations leave.)
   bool holds_nothing() const noexcept {
-    return !indeterminate() && uses.capacity() == 0 && held_fences.empty_and_inline() &&
-           !current_fence;
+    return !indeterminate() && uses.capacity() == 0 && !current_fence;
   }
   bool indeterminate() const noexcept {
     return placement.placement_flags & ARCPOOL_PLACEMENT_FLAG_INDETERMINATE_LIFETIME;

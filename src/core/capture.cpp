@@ -15,10 +15,12 @@ namespace arcpool::detail {
 /// a CUDA call nor block), which posts the gate to the reclaim worker; the worker hands the item
 /// to itself. The gate counts as a record of the allocator, which therefore outlives it.
 struct graph_gate final : posted_task {
-  graph_gate(allocator& a, reclaim_item i) : owner(a), item(std::move(i)) { run = &enqueue_item; }
+  graph_gate(allocator& a, std::unique_ptr<reclaim_item> i) : owner(a), item(std::move(i)) {
+    run = &enqueue_item;
+  }
 
   allocator& owner;
-  reclaim_item item;
+  std::unique_ptr<reclaim_item> item;  ///< made at the deallocation: queueing it cannot fail
 
   static void open(void* p) noexcept {
     auto* gate = static_cast<graph_gate*>(p);
@@ -224,8 +226,8 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   // for the graph's end, then for the streams' work. Streams not capturing are fenced now;
   // capturing ones (the caller, another stream of a capture) once the graph is gone, which
   // needs arcpool to prove them alive then: created or registered streams only.
-  reclaim_item item;
-  item.counted_on = &stream_stats_of(a.placement.origin);
+  std::unique_ptr<reclaim_item> item = reclaimer_.prepare();
+  item->counted_on = &stream_stats_of(a.placement.origin);
   small_vector<uint64_t, 8> seen;
   auto add = [&](const stream_ref& s, const fence_ref* recorded) -> arcpool_status_t {
     for (uint64_t id : seen)
@@ -235,14 +237,14 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
       // Another thread's per-thread default stream: the fence taken when arcpool last saw it
       // (a use record's, or the current stream's), as outside capture (collect_fences_of_uses).
       if (recorded != nullptr) {
-        item.fences.push_back(*recorded);
+        item->fences.push_back(*recorded);
       } else if (a.current_fence && s.id == a.current.id) {
-        item.fences.push_back(a.current_fence);
+        item->fences.push_back(a.current_fence);
       }
       return ARCPOOL_STATUS_SUCCESS;
     }
     if (s.retired()) {
-      item.fences.push_back(s.entry->final_fence());
+      item->fences.push_back(s.entry->final_fence());
       return ARCPOOL_STATUS_SUCCESS;
     }
     bool capturing = true;
@@ -268,16 +270,16 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
                       static_cast<void*>(s.handle));
         }
       }
-      item.fence_later.push_back(s);
+      item->fence_later.push_back(s);
       return ARCPOOL_STATUS_SUCCESS;
     }
     if (recorded != nullptr) {
-      item.fences.push_back(*recorded);
+      item->fences.push_back(*recorded);
       return ARCPOOL_STATUS_SUCCESS;
     }
     fence_ref f;
     ARCPOOL_RETURN_IF_ERROR(take_fence(s, &f));
-    item.fences.push_back(std::move(f));
+    item->fences.push_back(std::move(f));
     return ARCPOOL_STATUS_SUCCESS;
   };
   ARCPOOL_RETURN_IF_ERROR(add(caller, nullptr));
@@ -289,8 +291,8 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   // Freed on the reclaim worker's own stream, never on the origin: a stream that captured
   // once may capture again whenever its thread likes, and a free enqueued then would land in
   // that capture's graph (the fences make the free follow the streams' work).
-  item.pointer = a.placement.base;
-  item.bytes = a.placement.held_bytes;
+  item->pointer = a.placement.base;
+  item->bytes = a.placement.held_bytes;
   auto* gate = new (std::nothrow) graph_gate(*this, std::move(item));
   if (gate == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a free");
   // The ownership change cannot fail now (deallocate checked it under this record's lock), so

@@ -210,11 +210,14 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   if (a.lender() != nullptr) return return_to_graph_pool(a, caller, force, implicit);
 
   // Indeterminate lifetime: take the fences now, free nothing until the last reference goes.
+  // The deferred free is made now, while the call can still fail: the last reference may not.
   if (a.indeterminate()) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
+    std::unique_ptr<reclaim_item> item = reclaimer_.prepare();
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
     stats_.count(stat::ignored_deallocations);
-    a.held_fences = std::move(fences);
+    item->fences = std::move(fences);
+    a.deferred_free = item.release();
     a.uses.clear();
     return ARCPOOL_STATUS_SUCCESS;
   }
@@ -222,14 +225,14 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   // Imported memory: on_free runs on the reclaim worker once every fence completed.
   if (a.external()) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
+    std::unique_ptr<reclaim_item> item = reclaimer_.prepare();  // before the commit: see there
     ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
-    reclaim_item item;
-    item.pointer = a.placement.base;
-    item.bytes = a.placement.size;
-    item.fences = std::move(fences);
-    item.on_free = a.placement.on_free;
-    item.on_free_user_data = a.placement.on_free_user_data;
-    item.counted_on = &stream_stats_of(a.placement.origin);
+    item->pointer = a.placement.base;
+    item->bytes = a.placement.size;
+    item->fences = std::move(fences);
+    item->on_free = a.placement.on_free;
+    item->on_free_user_data = a.placement.on_free_user_data;
+    item->counted_on = &stream_stats_of(a.placement.origin);
     a.uses.clear();
     lock.unlock();
     reclaimer_.enqueue(std::move(item));
@@ -286,18 +289,20 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   }
 
   // Deferred: fence everything, let the reclaim worker free on the origin once all completed.
+  // The item is made before the commit: without host memory the call fails and changes
+  // nothing, where a failed queueing after it would lose the memory.
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
+  std::unique_ptr<reclaim_item> item = reclaimer_.prepare();
   ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
   stats_.count(stat::cross_stream_frees);
   stream_stats_of(origin).cross_stream_free();
-  reclaim_item item;
-  item.pointer = a.placement.base;
-  item.bytes = a.placement.held_bytes;
-  item.fences = std::move(fences);
-  item.origin = origin;
-  item.counted_on = &stream_stats_of(origin);
-  item.routed_to_origin = true;
-  item.graph = a.graph();
+  item->pointer = a.placement.base;
+  item->bytes = a.placement.held_bytes;
+  item->fences = std::move(fences);
+  item->origin = origin;
+  item->counted_on = &stream_stats_of(origin);
+  item->routed_to_origin = true;
+  item->graph = a.graph();
   a.uses.clear();
   lock.unlock();
   reclaimer_.enqueue(std::move(item));
@@ -419,23 +424,27 @@ void allocator::free_at_last_reference(allocation* a) noexcept {
     std::unique_lock<spinlock> lock(a->mutex);
     if (leaked) {
       // A leaked owner: free stream-ordered on the current stream (alive by contract, or
-      // retired, in which case its final fence goes to the reclaimer).
-      if (finish_on_current(*a, /*implicit=*/true, lock) != ARCPOOL_STATUS_SUCCESS) {
-        stats_.count(stat::reclaim_failures);  // e.g. capturing, or a sticky CUDA error
+      // retired, in which case its final fence goes to the reclaimer). A failure is counted:
+      // e.g. capturing, a sticky CUDA error, or no host memory for a fence or a deferred free
+      // (the memory then stays in the pool).
+      arcpool_status_t status = ARCPOOL_STATUS_OUT_OF_MEMORY;
+      try {
+        status = finish_on_current(*a, /*implicit=*/true, lock);
+      } catch (const std::exception&) {
       }
+      if (status != ARCPOOL_STATUS_SUCCESS) stats_.count(stat::reclaim_failures);
       if (!lock.owns_lock()) lock.lock();
     }
-    // Indeterminate lifetime: the memory goes back now, once its fences complete.
-    if (a->indeterminate() && a->owners.load().st == ARCPOOL_ALLOCATION_DEALLOCATED &&
-        (a->external() ? a->placement.on_free != nullptr : a->placement.size > 0)) {
-      reclaim_item item;
-      item.pointer = a->placement.base;
-      item.bytes = a->external() ? a->placement.size : a->placement.held_bytes;
-      item.fences = std::move(a->held_fences);
-      item.origin = a->placement.origin;
-      item.counted_on = &stream_stats_of(a->placement.origin);
-      item.on_free = a->placement.on_free;
-      item.on_free_user_data = a->placement.on_free_user_data;
+    // Indeterminate lifetime: the memory goes back now, once its fences complete (the
+    // deallocation made its deferred free).
+    if (a->deferred_free != nullptr) {
+      std::unique_ptr<reclaim_item> item(std::exchange(a->deferred_free, nullptr));
+      item->pointer = a->placement.base;
+      item->bytes = a->external() ? a->placement.size : a->placement.held_bytes;
+      item->origin = a->placement.origin;
+      item->counted_on = &stream_stats_of(a->placement.origin);
+      item->on_free = a->placement.on_free;
+      item->on_free_user_data = a->placement.on_free_user_data;
       lock.unlock();
       reclaimer_.enqueue(std::move(item));
     }

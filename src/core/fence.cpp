@@ -85,8 +85,14 @@ arcpool_status_t event_pool::record(stream_handle s, uint64_t stream_id, fence_r
     }
     created_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (arcpool_status_t status = driver_.event_record(f->event_, s);
-      status != ARCPOOL_STATUS_SUCCESS) {
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  try {
+    status = driver_.event_record(f->event_, s);
+  } catch (...) {
+    destroy(f);  // the host driver queues the record as work, which may find no host memory
+    throw;
+  }
+  if (status != ARCPOOL_STATUS_SUCCESS) {
     // An event whose record failed (e.g. a capture began meanwhile) never returns to the pool.
     destroy(f);
     return status;

@@ -16,12 +16,20 @@ void graph_pool::release() noexcept {
   // Every block is free now: each lent one held a reference. The reclaim worker gives them
   // back to the allocator's pool once their fences completed.
   for (block& b : free_) {
-    reclaim_item item;
-    item.pointer = b.base;
-    item.bytes = b.bytes;
-    item.fences = std::move(b.fences);
-    item.counted_on = &owner_.stream_stats_.other();  // the pool's, not one stream's
     owner_.stats_.sub(stat::graph_pool_bytes, static_cast<int64_t>(b.bytes));
+    std::unique_ptr<reclaim_item> item;
+    try {
+      item = owner_.reclaimer_.prepare();
+    } catch (const std::exception&) {
+      // No host memory (or no thread) for its deferred free: the block stays in the
+      // allocator's pool until the pool goes, counted (a release cannot fail).
+      owner_.stats_.count(stat::reclaim_failures);
+      continue;
+    }
+    item->pointer = b.base;
+    item->bytes = b.bytes;
+    item->fences = std::move(b.fences);
+    item->counted_on = &owner_.stream_stats_.other();  // the pool's, not one stream's
     owner_.reclaimer_.enqueue(std::move(item));
   }
   allocator& owner = owner_;

@@ -43,6 +43,11 @@ reclaimer::~reclaimer() {
   // Waits for the exit hook, if it is running the listener: it may still be inside stop_worker,
   // woken by this thread's join and not yet out of the mutex this destroys.
   if (listener >= 0) remove_exit_listener(listener);
+  // Items left when the process exits: their memory goes with the process.
+  while (queue_ != nullptr)
+    delete std::exchange(queue_, queue_->next);
+  while (spare_ != nullptr)
+    delete std::exchange(spare_, spare_->next);
   if (have_stream_ && !process_exiting()) driver_.stream_destroy(stream_);
 }
 
@@ -73,13 +78,40 @@ void reclaimer::stop_worker(bool drain_first) {
   idle_cv_.notify_all();
 }
 
-void reclaimer::enqueue(reclaim_item item) {
-  if (item.on_free == nullptr && !item.graph) stats_.add(stat::bytes_pending_free, item.bytes);
+std::unique_ptr<reclaim_item> reclaimer::prepare() {
+  std::unique_ptr<reclaim_item> item;
+  {
+    std::lock_guard<spinlock> lock(spare_lock_);
+    if (spare_ != nullptr) {
+      item.reset(std::exchange(spare_, spare_->next));
+      --spare_count_;
+    }
+  }
+  if (!item) item = std::make_unique<reclaim_item>();
+  if (!started_.load(std::memory_order_acquire)) {  // once: the worker's lock is left alone
+    std::lock_guard<std::mutex> lock(mutex_);
+    start_locked();
+  }
+  return item;
+}
+
+void reclaimer::recycle(std::unique_ptr<reclaim_item> item) noexcept {
+  *item = reclaim_item();  // its fences go now
+  std::lock_guard<spinlock> lock(spare_lock_);
+  if (spare_count_ == kSpareItems) return;  // deleted, once the lock is released
+  item->next = spare_;
+  spare_ = item.release();
+  ++spare_count_;
+}
+
+void reclaimer::enqueue(std::unique_ptr<reclaim_item> item) noexcept {
+  if (item->on_free == nullptr && !item->graph) stats_.add(stat::bytes_pending_free, item->bytes);
   stats_.count(stat::deferred_frees);
-  if (item.counted_on != nullptr) item.counted_on->deferred_free();
+  if (item->counted_on != nullptr) item->counted_on->deferred_free();
   std::lock_guard<std::mutex> lock(mutex_);
-  items_.push_back(std::move(item));
-  start_locked();
+  item->next = queue_;
+  queue_ = item.release();
+  ++queued_;
   work_cv_.notify_one();
 }
 
@@ -122,15 +154,20 @@ bool reclaimer::run_posted() {
 
 size_t reclaimer::pending() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return items_.size() + completing_ + unfinished_posts_.load(std::memory_order_acquire);
+  return queued_ + completing_ + unfinished_posts_.load(std::memory_order_acquire);
 }
 
 void reclaimer::start_locked() {
   // Deterministic mode: no thread; items complete on the threads that poll, trim or drain.
-  if (worker_.joinable() || stop_ || !driver_.allows_worker_threads()) return;
+  if (worker_.joinable() || stop_ || !driver_.allows_worker_threads()) {
+    started_.store(true, std::memory_order_release);
+    return;
+  }
+  // The listener first: if the thread cannot start, a later call starts it, with the listener.
+  if (exit_listener_ < 0) exit_listener_ = add_exit_listener([this] { stop_worker(false); });
   worker_ = std::thread([this] { run(); });
   worker_id_ = worker_.get_id();
-  exit_listener_ = add_exit_listener([this] { stop_worker(false); });
+  started_.store(true, std::memory_order_release);
 }
 
 arcpool_status_t reclaimer::reclaim_stream(stream_handle* out) {
@@ -230,44 +267,53 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
   stats_.sub(stat::bytes_held, held);
 }
 
-std::vector<std::pair<reclaim_item, bool>> reclaimer::take_completed_locked() {
+reclaim_item* reclaimer::take_completed_locked() {
   // Queries never block, so they run under the lock; completion runs outside it.
-  std::vector<std::pair<reclaim_item, bool>> done;
-  for (size_t i = 0; i < items_.size();) {
+  reclaim_item* done = nullptr;
+  size_t taken = 0;
+  for (reclaim_item** link = &queue_; *link != nullptr;) {
+    reclaim_item* item = *link;
     bool failed = false;
-    if (poll(items_[i], &failed)) {
-      done.emplace_back(std::move(items_[i]), failed);
-      items_[i] = std::move(items_.back());
-      items_.pop_back();
+    if (poll(*item, &failed)) {
+      *link = item->next;
+      item->failed = failed;
+      item->next = done;
+      done = item;
+      ++taken;
     } else {
-      ++i;
+      link = &item->next;
     }
   }
-  completing_ += done.size();
+  queued_ -= taken;
+  completing_ += taken;
   return done;
 }
 
-void reclaimer::finish(std::vector<std::pair<reclaim_item, bool>>& done) {
-  if (done.empty()) return;
+size_t reclaimer::finish(reclaim_item* done) {
+  if (done == nullptr) return 0;
   const bool was_completing = std::exchange(t_completing, true);
-  for (auto& [item, failed] : done)
-    complete(item, failed, /*prefer_origin=*/true);
+  size_t finished = 0;
+  while (done != nullptr) {
+    std::unique_ptr<reclaim_item> item(std::exchange(done, done->next));
+    complete(*item, item->failed, /*prefer_origin=*/true);
+    recycle(std::move(item));
+    ++finished;
+  }
   t_completing = was_completing;
   std::lock_guard<std::mutex> lock(mutex_);
-  completing_ -= done.size();
+  completing_ -= finished;
   idle_cv_.notify_all();
+  return finished;
 }
 
 size_t reclaimer::poll_once() {
   run_posted();
-  std::vector<std::pair<reclaim_item, bool>> done;
+  reclaim_item* done = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done = take_completed_locked();
   }
-  const size_t completed = done.size();
-  finish(done);
-  return completed;
+  return finish(done);
 }
 
 void reclaimer::run() {
@@ -282,9 +328,9 @@ void reclaimer::run() {
       lock.lock();
       continue;
     }
-    if (items_.empty()) {
+    if (queue_ == nullptr) {
       auto ready = [&] {
-        return stop_ || !items_.empty() || posted_.load(std::memory_order_acquire) != nullptr;
+        return stop_ || queue_ != nullptr || posted_.load(std::memory_order_acquire) != nullptr;
       };
       if (expected_posts_.load(std::memory_order_acquire) > 0) {
         work_cv_.wait_for(lock, kPostRecheck, ready);
@@ -294,8 +340,8 @@ void reclaimer::run() {
       backoff = kMinBackoff;
       continue;
     }
-    std::vector<std::pair<reclaim_item, bool>> done = take_completed_locked();
-    if (done.empty()) {
+    reclaim_item* done = take_completed_locked();
+    if (done == nullptr) {
       work_cv_.wait_for(lock, backoff);
       backoff = std::min(backoff * 2, kMaxBackoff);
       continue;
@@ -309,35 +355,42 @@ void reclaimer::run() {
 
 arcpool_status_t reclaimer::drain(bool final) {
   run_posted();
-  std::vector<reclaim_item> items;
+  reclaim_item* items = nullptr;
+  size_t taken = 0;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     // Frees being completed right now (by the worker, a poll or another drain) must land
     // before we report; not when this thread is one of those completing (an on_free callback
     // that allocated and ran out of memory).
     if (!t_completing) idle_cv_.wait(lock, [&] { return completing_ == 0; });
-    items.swap(items_);
-    completing_ += items.size();
+    items = std::exchange(queue_, nullptr);
+    taken = std::exchange(queued_, 0);
+    completing_ += taken;
   }
   const bool was_completing = std::exchange(t_completing, true);
   arcpool_status_t first_error = ARCPOOL_STATUS_SUCCESS;
   bool freed = false;
-  std::vector<reclaim_item> later;
-  for (auto& item : items) {
+  reclaim_item* later = nullptr;
+  size_t kept = 0;
+  while (items != nullptr) {
+    std::unique_ptr<reclaim_item> item(std::exchange(items, items->next));
     bool failed = false;
-    if (!take_late_fences(item, &failed)) {
+    if (!take_late_fences(*item, &failed)) {
       if (!final) {  // a later pass fences the stream once its capture ended
-        later.push_back(std::move(item));
+        item->next = later;
+        later = item.release();
+        ++kept;
         continue;
       }
       failed = true;  // the streams go: the memory is given up (counted)
     }
-    for (auto& f : item.fences) {
+    for (auto& f : item->fences) {
       if (driver_.event_synchronize(f->event()) != ARCPOOL_STATUS_SUCCESS) failed = true;
     }
     if (failed && first_error == ARCPOOL_STATUS_SUCCESS) first_error = ARCPOOL_STATUS_CUDA_ERROR;
-    freed = freed || item.on_free == nullptr;
-    complete(item, failed, /*prefer_origin=*/false);
+    freed = freed || item->on_free == nullptr;
+    complete(*item, failed, /*prefer_origin=*/false);
+    recycle(std::move(item));
   }
   if (freed) {
     stream_handle s = nullptr;
@@ -349,10 +402,14 @@ arcpool_status_t reclaimer::drain(bool final) {
   t_completing = was_completing;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    completing_ -= items.size();
-    for (auto& item : later)
-      items_.push_back(std::move(item));
-    if (!later.empty()) work_cv_.notify_one();
+    completing_ -= taken;
+    while (later != nullptr) {
+      reclaim_item* const item = std::exchange(later, later->next);
+      item->next = queue_;
+      queue_ = item;
+    }
+    queued_ += kept;
+    if (kept != 0) work_cv_.notify_one();
     idle_cv_.notify_all();
   }
   return first_error;

@@ -9,20 +9,22 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 #include "core/fence.hpp"
 #include "core/stream.hpp"
 #include "drivers/driver.hpp"
 #include "observe/history.hpp"
 #include "observe/stats.hpp"
+#include "support/spinlock.hpp"
 
 namespace arcpool::detail {
 
 /// One deferred free: memory to give back (or foreign memory to report through `on_free`)
-/// once every fence has completed.
+/// once every fence has completed. Made by reclaimer::prepare, before the caller changes
+/// anything, so that queueing it cannot fail.
 struct reclaim_item {
   void* pointer = nullptr;  ///< the pool's pointer, or the imported pointer
   size_t bytes = 0;         ///< pool bytes (held bytes), or the imported size
@@ -43,6 +45,9 @@ struct reclaim_item {
   /// Created or registered streams that were capturing at the deallocation: each is fenced
   /// when the worker first finds it alive and not capturing (or its final fence is taken).
   small_vector<stream_ref, 2> fence_later;
+  /// The reclaimer's: its queue's link, and whether a poll found a fence failed.
+  reclaim_item* next = nullptr;
+  bool failed = false;
 };
 
 /// Work that a thread which must not block hands to the reclaim worker: a user object's
@@ -67,8 +72,14 @@ class reclaimer {
   reclaimer(const reclaimer&) = delete;
   reclaimer& operator=(const reclaimer&) = delete;
 
-  /// Queues `item`; the worker gives it back once its fences completed. Never blocks.
-  void enqueue(reclaim_item item);
+  /// An item for enqueue, made before the caller changes anything: queueing it then allocates
+  /// nothing and cannot fail, also where the caller may not fail (the last reference of
+  /// memory whose free is deferred). Starts the worker. Throws std::bad_alloc (no host memory)
+  /// or std::system_error (no thread could start) and changes nothing then.
+  std::unique_ptr<reclaim_item> prepare();
+  /// Queues `item` (from prepare); the worker gives it back once its fences completed. Never
+  /// blocks, allocates nothing.
+  void enqueue(std::unique_ptr<reclaim_item> item) noexcept;
 
   /// Announces a post() to come (a user object armed with a posted task): starts the worker,
   /// and keeps it looking at its inbox now and then while idle until the post has come.
@@ -119,10 +130,12 @@ class reclaimer {
 
  private:
   void run();
-  /// Moves every item whose fences completed out of `items_` (lock held).
-  std::vector<std::pair<reclaim_item, bool>> take_completed_locked();
-  /// Completes items taken by take_completed_locked (lock not held).
-  void finish(std::vector<std::pair<reclaim_item, bool>>& done);
+  /// Unlinks every item whose fences completed (or one failed) from the queue, and returns
+  /// them as a list (lock held).
+  reclaim_item* take_completed_locked();
+  /// Completes and deletes the items of a list from take_completed_locked (lock not held);
+  /// returns how many.
+  size_t finish(reclaim_item* done);
   void start_locked();
   /// Runs every posted task, oldest first (lock not held). True when there was one.
   bool run_posted();
@@ -134,6 +147,8 @@ class reclaimer {
   bool take_late_fences(reclaim_item& item, bool* failed);
   /// Gives `item` back. Outside the lock.
   void complete(reclaim_item& item, bool failed, bool prefer_origin);
+  /// Empties a completed item (its fences go) and keeps it for prepare, or deletes it.
+  void recycle(std::unique_ptr<reclaim_item> item) noexcept;
 
   /// Enqueues the pool free of `item` on `s`, after the poison hook.
   arcpool_status_t free_on(reclaim_item& item, stream_handle s);
@@ -148,7 +163,18 @@ class reclaimer {
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;
-  std::vector<reclaim_item> items_;
+  reclaim_item* queue_ = nullptr;  ///< queued items, linked through `next` (owned)
+  size_t queued_ = 0;
+  /// Set once start_locked has nothing left to start (the worker runs, or none may): prepare
+  /// then takes no lock.
+  std::atomic<bool> started_{false};
+  /// Completed items kept for prepare, emptied (at most kSpareItems), linked through `next`:
+  /// a deferred free then takes no heap allocation made on another thread (the worker deletes
+  /// what the freeing thread made, which costs glibc's malloc more than the free's own work).
+  spinlock spare_lock_;
+  reclaim_item* spare_ = nullptr;
+  size_t spare_count_ = 0;
+  static constexpr size_t kSpareItems = 64;
   size_t completing_ = 0;  ///< items the worker moved out and is completing now
   bool stop_ = false;
   std::thread worker_;
