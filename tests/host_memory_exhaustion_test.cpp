@@ -115,18 +115,19 @@ constexpr size_t kBytes = 4096;
 
 #define EXPECT_OK(call) EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, (call)) << arcpool_last_error()
 
-/// An allocator on the host driver (null, with a failure recorded, when it cannot be made).
-arcpool_allocator_t* host_allocator() {
+/// An allocator on `driver` (null, with a failure recorded, when it cannot be made). The null
+/// driver allocates no host memory of its own, and starts no thread of its own.
+arcpool_allocator_t* allocator_on(arcpool_driver_kind_t driver) {
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_HOST;
+  options.driver = driver;
   arcpool_allocator_t* alloc = nullptr;
   EXPECT_OK(arcpool_allocator_create(&options, &alloc));
   return alloc;
 }
 
 TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLosesNothing) {
-  arcpool_allocator_t* alloc = host_allocator();
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_HOST);
   ASSERT_NE(nullptr, alloc);
   arcpool_stream_t s = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
@@ -185,7 +186,7 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
 }
 
 TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {
-  arcpool_allocator_t* alloc = host_allocator();
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_HOST);
   ASSERT_NE(nullptr, alloc);
   arcpool_allocation_t* a = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, nullptr, 0, &a))
@@ -250,7 +251,7 @@ TEST(HostMemoryExhaustion, AFenceTheHostHasNoMemoryForFailsItsTransferAndChanges
   // A transfer's fence is the first of its pool's (no event to reuse): its record cannot be
   // made. The event made for it goes too (LeakSanitizer checks it in the ASan build), and the
   // allocation stays on its stream.
-  arcpool_allocator_t* alloc = host_allocator();
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_HOST);
   ASSERT_NE(nullptr, alloc);
   handoff h;
   ASSERT_NO_FATAL_FAILURE(h.open(alloc));
@@ -274,21 +275,16 @@ TEST(HostMemoryExhaustion, AFenceReleasedWhenItsShardCannotGrowIsNotKeptAndLoses
   // The null driver allocates nothing of its own, so that the one container allocation a
   // transfer makes is the event pool's: its first fence, released at the transfer's end, needs
   // room in its thread's shard. A release is noexcept: it may not allocate that room.
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_NULL;
   // This thread's own state (its records, its stream cache) is made on another allocator first.
-  arcpool_allocator_t* warm = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &warm))
-      << arcpool_last_error();
+  arcpool_allocator_t* warm = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, warm);
   handoff warm_up;
   ASSERT_NO_FATAL_FAILURE(warm_up.open(warm));
   warm_up.close();
   arcpool_allocator_destroy(warm);
 
-  arcpool_allocator_t* alloc = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
-      << arcpool_last_error();
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
   handoff h;
   ASSERT_NO_FATAL_FAILURE(h.open(alloc));
   // The first refused allocation is the shard's storage, which its first fence reserves; a
@@ -313,12 +309,8 @@ TEST(HostMemoryExhaustion, AThreadThatExitsWithoutHostMemoryGivesItsShardBackAnd
   // at its exit, where a throw ends the process. ctest runs this test in a process of its own,
   // where the thread's index is the first one given back: a table that grew as indices came
   // back would allocate there.
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_NULL;  // no thread of its own that could take the refusal
-  arcpool_allocator_t* alloc = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
-      << arcpool_last_error();
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);  // no thread to take a refusal
+  ASSERT_NE(nullptr, alloc);
   const int failed_before = g_throwing_news.failed.load();
   std::thread([alloc] {
     arcpool_allocation_t* a = nullptr;
@@ -348,7 +340,7 @@ struct held_stream {
   std::atomic<bool> go{false};
 
   void open() {
-    alloc = host_allocator();
+    alloc = allocator_on(ARCPOOL_DRIVER_HOST);
     ASSERT_NE(nullptr, alloc);
     ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
     ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
@@ -436,12 +428,8 @@ TEST(HostMemoryExhaustion, ALeakedAllocationsFreeTheHostHasNoMemoryForIsCountedN
   // with a use record of another stream its free is deferred. With every allocation of
   // arcpool's refused, the free is abandoned and counted; the process goes on. (The null
   // driver: the memory it abandons is no host memory, which LeakSanitizer would report.)
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_NULL;
-  arcpool_allocator_t* alloc = nullptr;
-  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
-      << arcpool_last_error();
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
   handoff h;
   ASSERT_NO_FATAL_FAILURE(h.open(alloc));
   EXPECT_OK(arcpool_record_use(h.a, h.to));
