@@ -11,22 +11,28 @@
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
+// - A graph pool's block returned to the pool (freed, or taken by an allocation whose record
+//   could not be made): the pool's list has room for it, so that the return allocates nothing.
+//   These run on the CUDA driver (graph pools build graphs), on a GPU or simcuda.
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
 // growth uses in arcpool, the nothrow scalar operator new (records' blocks, views' handles,
 // fences), and the throwing scalar operator new (standard containers; refused only where
 // arcpool's own code calls it, not an NVTX tool loaded beside it), so that a test can make
 // exactly one such allocation fail.
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <new>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "arcpool/arcpool.h"
+#include "support/driver_test.hpp"
 
 namespace {
 /// One kind of operator new that a test makes fail: while `to_fail` is set, the next `to_pass`
@@ -113,8 +119,6 @@ namespace {
 
 constexpr size_t kBytes = 4096;
 
-#define EXPECT_OK(call) EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, (call)) << arcpool_last_error()
-
 /// An allocator on `driver` (null, with a failure recorded, when it cannot be made). The null
 /// driver allocates no host memory of its own, and starts no thread of its own.
 arcpool_allocator_t* allocator_on(arcpool_driver_kind_t driver) {
@@ -124,6 +128,41 @@ arcpool_allocator_t* allocator_on(arcpool_driver_kind_t driver) {
   arcpool_allocator_t* alloc = nullptr;
   EXPECT_OK(arcpool_allocator_create(&options, &alloc));
   return alloc;
+}
+
+/// The allocator's statistics.
+arcpool_stats_t stats_of(arcpool_allocator_t* alloc) {
+  arcpool_stats_t st;
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  EXPECT_OK(arcpool_stats_get(alloc, &st));
+  return st;
+}
+
+/// Calls `deallocate` (of `a`) again and again, each attempt letting one more of arcpool's
+/// throwing allocations through before it refuses the next: wherever the refusal lands, the
+/// attempt must fail with OUT_OF_MEMORY and leave `a` as it was, until one needs no more than
+/// it was let through and succeeds. At least one attempt must have been refused.
+template <typename Deallocate>
+void expect_refused_deallocations_change_nothing(arcpool_allocation_t* a, Deallocate deallocate) {
+  int refusals = 0;
+  for (int passed = 0;; ++passed) {
+    ASSERT_LT(passed, 100) << "the deallocation kept failing";
+    const int failed_before = g_throwing_news.failed.load();
+    g_throwing_news.to_pass = passed;
+    g_throwing_news.to_fail = 1;
+    const arcpool_status_t status = deallocate();
+    g_throwing_news.to_fail = 0;
+    g_throwing_news.to_pass = 0;
+    if (status == ARCPOOL_STATUS_SUCCESS) break;
+    ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+    ASSERT_EQ(failed_before + 1, g_throwing_news.failed.load()) << "failed without a refusal";
+    ASSERT_EQ(1, arcpool_allocation_is_terminal(a))
+        << "a deallocation that failed for host memory changed the allocation (refused after "
+        << passed << " allocations)";
+    ++refusals;
+  }
+  EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
 }
 
 TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLosesNothing) {
@@ -161,10 +200,7 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
 
   // The refused allocation was freed; the recorded ones are all still live.
   EXPECT_OK(arcpool_stream_synchronize(alloc, s));
-  arcpool_stats_t st;
-  st.struct_size = sizeof(st);
-  st.version = ARCPOOL_STATS_VERSION;
-  EXPECT_OK(arcpool_stats_get(alloc, &st));
+  arcpool_stats_t st = stats_of(alloc);
   EXPECT_EQ(recorded.size(), st.allocations_in_use_current);
   EXPECT_EQ(recorded.size() * kBytes, st.bytes_in_use_current);
   EXPECT_EQ(recorded.size() + 1, st.allocations);
@@ -177,7 +213,7 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
   for (void* p : recorded)
     EXPECT_OK(arcpool_allocator_free_async(alloc, p, s));
   EXPECT_OK(arcpool_stream_synchronize(alloc, s));
-  EXPECT_OK(arcpool_stats_get(alloc, &st));
+  st = stats_of(alloc);
   EXPECT_EQ(0u, st.allocations_in_use_current);
   EXPECT_EQ(0u, st.bytes_in_use_current);
 
@@ -361,13 +397,7 @@ struct held_stream {
     EXPECT_OK(arcpool_deallocate_async(x, to, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
     arcpool_allocation_release(x);
   }
-  arcpool_stats_t stats() const {
-    arcpool_stats_t st;
-    st.struct_size = sizeof(st);
-    st.version = ARCPOOL_STATS_VERSION;
-    EXPECT_OK(arcpool_stats_get(alloc, &st));
-    return st;
-  }
+  arcpool_stats_t stats() const { return stats_of(alloc); }
   /// Lets `to` run and completes every deferred free.
   void complete() {
     go = true;
@@ -393,25 +423,8 @@ TEST(HostMemoryExhaustion, ADeferredFreeTheHostHasNoMemoryForFailsAndLosesNothin
   arcpool_allocation_t* a = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(h.alloc, kBytes, 0, h.from, 0, &a))
       << arcpool_last_error();
-  int refusals = 0;
-  for (int passed = 0;; ++passed) {
-    ASSERT_LT(passed, 100) << "the deallocation kept failing";
-    const int failed_before = g_throwing_news.failed.load();
-    g_throwing_news.to_pass = passed;
-    g_throwing_news.to_fail = 1;
-    const arcpool_status_t status =
-        arcpool_deallocate_async(a, h.to, ARCPOOL_DEALLOCATE_FLAG_DEFERRED);
-    g_throwing_news.to_fail = 0;
-    g_throwing_news.to_pass = 0;
-    if (status == ARCPOOL_STATUS_SUCCESS) break;
-    ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
-    ASSERT_EQ(failed_before + 1, g_throwing_news.failed.load()) << "failed without a refusal";
-    ASSERT_EQ(1, arcpool_allocation_is_terminal(a))
-        << "a deallocation that failed for host memory changed the allocation (refused after "
-        << passed << " allocations)";
-    ++refusals;
-  }
-  EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
+  ASSERT_NO_FATAL_FAILURE(expect_refused_deallocations_change_nothing(
+      a, [&] { return arcpool_deallocate_async(a, h.to, ARCPOOL_DEALLOCATE_FLAG_DEFERRED); }));
   arcpool_allocation_release(a);
   EXPECT_EQ(2u, h.stats().deferred_frees);
 
@@ -438,15 +451,126 @@ TEST(HostMemoryExhaustion, ALeakedAllocationsFreeTheHostHasNoMemoryForIsCountedN
   arcpool_allocation_release(h.a);  // the last reference of a live allocation
   g_throwing_news.to_fail = 0;
   EXPECT_LT(failed_before, g_throwing_news.failed.load()) << "nothing was refused";
-  arcpool_stats_t st;
-  st.struct_size = sizeof(st);
-  st.version = ARCPOOL_STATS_VERSION;
-  EXPECT_OK(arcpool_stats_get(alloc, &st));
+  const arcpool_stats_t st = stats_of(alloc);
   EXPECT_EQ(1u, st.reclaim_failures);
   EXPECT_EQ(0u, st.implicit_frees);
   EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
   EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
   arcpool_allocator_destroy(alloc);
+}
+
+/// An allocator on the CUDA driver (graph pools need it: it builds graphs), a stream of its
+/// own, and a graph pool that the stream's captures are bound to.
+struct graph_pool_stream {
+  arcpool_allocator_t* alloc = nullptr;
+  arcpool_stream_t s = nullptr;
+  arcpool_graph_pool_t* pool = nullptr;
+
+  cudaStream_t cu() const { return reinterpret_cast<cudaStream_t>(s); }
+  void open() {
+    alloc = allocator_on(ARCPOOL_DRIVER_CUDA);
+    ASSERT_NE(nullptr, alloc);
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_graph_pool_create(alloc, &pool))
+        << arcpool_last_error();
+  }
+  /// Begins a capture on the stream, bound to the pool.
+  void begin() {
+    ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(cu(), cudaStreamCaptureModeThreadLocal));
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_graph_pool_begin(pool, s)) << arcpool_last_error();
+  }
+  /// Ends the capture and its binding, and destroys the graph.
+  void end() {
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(cu(), &graph));
+    EXPECT_OK(arcpool_graph_pool_end(pool, s));
+    EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  }
+  /// Releases the pool and expects every block of it back in the allocator's pool (the reclaim
+  /// worker frees them: within 10 s), then destroys the stream and the allocator.
+  void close() {
+    arcpool_graph_pool_release(pool);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (stats_of(alloc).graph_pool_bytes_current != 0 &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(0u, stats_of(alloc).graph_pool_bytes_current) << "a graph pool's block was lost";
+    EXPECT_OK(arcpool_stream_synchronize(alloc, s));
+    EXPECT_OK(arcpool_stream_destroy(alloc, s));
+    arcpool_allocator_destroy(alloc);
+  }
+};
+
+TEST(HostMemoryExhaustion, AGraphPoolsBlockFreedWithoutHostMemoryGoesBackToThePool) {
+  // Freed outside every capture, a block lent by a graph pool goes back to the pool's free
+  // list, whose room was made when it was lent: the free needs no host memory.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  graph_pool_stream g;
+  ASSERT_NO_FATAL_FAILURE(g.open());
+  ASSERT_NO_FATAL_FAILURE(g.begin());
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, g.s, 0, &a));
+  ASSERT_NO_FATAL_FAILURE(g.end());
+  ASSERT_NE(nullptr, a);
+  g_throwing_news.to_fail = 1000;
+  const arcpool_status_t status = arcpool_deallocate_async(a, g.s, 0);
+  g_throwing_news.to_fail = 0;
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, status) << arcpool_last_error();
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    EXPECT_EQ(1, arcpool_allocation_is_terminal(a)) << "a failed deallocation changed it";
+    EXPECT_OK(arcpool_deallocate_async(a, g.s, 0));
+  }
+  arcpool_allocation_release(a);
+  g.close();
+}
+
+TEST(HostMemoryExhaustion, AGraphAllocationWhoseRecordCannotBeMadeGivesItsBlockBack) {
+  // In a capture bound to a graph pool, attempts to allocate with one of arcpool's throwing
+  // allocations refused after `p` and one of its nothrow ones (such as the allocation's record)
+  // after `q`: each attempt fails or succeeds, and a block that a failed attempt took goes back
+  // to the pool, which releases it at its end. Each attempt runs on a thread of its own, whose
+  // record list is empty, so that its record comes from the heap.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  graph_pool_stream g;
+  ASSERT_NO_FATAL_FAILURE(g.open());
+  ASSERT_NO_FATAL_FAILURE(g.begin());
+  // Attempts that failed with only a nothrow allocation refused: every throwing one they made
+  // was let through, so that `p` reaches past them (a return that pushed would be refused).
+  int only_nothrow_refused = 0;
+  for (int p = 0; p < 16; ++p) {
+    for (int q = 0; q < 3; ++q) {
+      std::thread([&] {
+        const int throwing_before = g_throwing_news.failed.load();
+        const int scalar_before = g_scalar_news.failed.load();
+        g_throwing_news.to_pass = p;
+        g_throwing_news.to_fail = 1;
+        g_scalar_news.to_pass = q;
+        g_scalar_news.to_fail = 1;
+        arcpool_allocation_t* a = nullptr;
+        const arcpool_status_t status = arcpool_allocate_async(g.alloc, kBytes, 0, g.s, 0, &a);
+        g_throwing_news.to_fail = 0;
+        g_throwing_news.to_pass = 0;
+        g_scalar_news.to_fail = 0;
+        g_scalar_news.to_pass = 0;
+        if (status == ARCPOOL_STATUS_SUCCESS) {
+          EXPECT_OK(arcpool_deallocate_async(a, g.s, 0));
+          arcpool_allocation_release(a);
+          return;
+        }
+        EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+        EXPECT_EQ(nullptr, a);
+        if (g_throwing_news.failed.load() == throwing_before &&
+            g_scalar_news.failed.load() != scalar_before) {
+          ++only_nothrow_refused;
+        }
+      }).join();
+    }
+  }
+  EXPECT_LT(0, only_nothrow_refused) << "no attempt got past every throwing allocation to a "
+                                        "refused nothrow one: the test proves nothing";
+  ASSERT_NO_FATAL_FAILURE(g.end());
+  g.close();
 }
 
 }  // namespace

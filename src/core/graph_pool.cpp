@@ -1,6 +1,7 @@
 #include "core/graph_pool.hpp"
 
 #include <algorithm>
+#include <new>
 
 #include "core/allocator.hpp"
 #include "support/status.hpp"
@@ -56,9 +57,28 @@ arcpool_status_t graph_pool::take(size_t bytes, uint64_t capture, uint64_t strea
       *held_bytes = free_[best].bytes;
       free_[best] = std::move(free_.back());
       free_.pop_back();
+      ++lent_;
       return ARCPOOL_STATUS_SUCCESS;
     }
+    // Room in the free list for every lent block's return, this one's included, so that its
+    // return (give) allocates nothing after its deallocation committed (design.md §10).
+    try {
+      free_.reserve(free_.size() + lent_ + 1);
+    } catch (const std::bad_alloc&) {
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a graph pool's free list");
+    }
+    ++lent_;
   }
+  if (arcpool_status_t status = grow(bytes, base); status != ARCPOOL_STATUS_SUCCESS) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --lent_;
+    return status;
+  }
+  *held_bytes = bytes;
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t graph_pool::grow(size_t bytes, void** base) {
   // Grow outside the capture: an allocation on the reclaim worker's stream (never captured),
   // then a wait for it, so that the block is usable by whatever stream the graph runs on. The
   // synchronization runs in relaxed capture mode (it would be "potentially unsafe" otherwise).
@@ -73,7 +93,6 @@ arcpool_status_t graph_pool::take(size_t bytes, uint64_t capture, uint64_t strea
     owner_.stats_.sub(stat::bytes_held, static_cast<int64_t>(bytes));
     return status;
   }
-  *held_bytes = bytes;
   owner_.stats_.add(stat::graph_pool_bytes, static_cast<int64_t>(bytes));
   return ARCPOOL_STATUS_SUCCESS;
 }
@@ -90,8 +109,9 @@ bool graph_pool::work_done(block& b) {
   return true;
 }
 
-void graph_pool::give(void* base, size_t held_bytes, tag where, fence_list fences) {
+void graph_pool::give(void* base, size_t held_bytes, tag where, fence_list fences) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  --lent_;
   block b;
   b.base = base;
   b.bytes = held_bytes;

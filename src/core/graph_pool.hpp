@@ -40,12 +40,14 @@ class graph_pool {
   allocator& owner() const noexcept { return owner_; }
 
   /// A block of at least `bytes` for an allocation on stream `stream` in capture `capture`: a
-  /// free block the tag rule allows, else a new one reserved from the allocator's pool.
+  /// free block the tag rule allows, else a new one reserved from the allocator's pool, once
+  /// the free list has room for its return (OUT_OF_MEMORY, nothing reserved, if not).
   arcpool_status_t take(size_t bytes, uint64_t capture, uint64_t stream, void** base,
                         size_t* held_bytes);
   /// Takes back a block lent out, free for what `where` allows. `fences`: the uses outside
-  /// any capture that the block's final release waits for.
-  void give(void* base, size_t held_bytes, tag where, fence_list fences);
+  /// any capture that the block's final release waits for. Allocates nothing (its room was
+  /// made when it was lent), so that it cannot fail after a deallocation committed.
+  void give(void* base, size_t held_bytes, tag where, fence_list fences) noexcept;
   /// Capture `capture` is bound to the pool, which will hear (capture_ended) when its graph is
   /// gone, whether or not the application ended the binding first.
   void capture_bound(uint64_t capture);
@@ -70,6 +72,9 @@ class graph_pool {
     fence_list fences;
   };
 
+  /// Reserves a new block of `bytes` from the allocator's pool into `*base`, usable by any
+  /// stream once it returns (the allocation's stream is synchronized).
+  arcpool_status_t grow(size_t bytes, void** base);
   /// True once every fence of `b` completed (those that did are dropped): a launch of the graph
   /// being captured is ordered after no work outside it, so a block freed outside every capture
   /// is lent only then. Queries never block (lock held).
@@ -78,7 +83,8 @@ class graph_pool {
   allocator& owner_;
   refcount refs_{1};
   std::mutex mutex_;
-  std::vector<block> free_;         ///< blocks not lent out now
+  std::vector<block> free_;         ///< blocks not lent out now, with room for the lent ones
+  size_t lent_ = 0;                 ///< blocks lent out (or being reserved) now
   std::vector<uint64_t> captures_;  ///< bound captures whose graphs live
 };
 
