@@ -11,6 +11,8 @@
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
+// - A free deferred to a graph's end: the reclaim worker fences the streams that captured into
+//   room made at the deallocation, so that it allocates nothing (and cannot end the process).
 // - A graph pool's block returned to the pool (freed, or taken by an allocation whose record
 //   could not be made): the pool's list has room for it, so that the return allocates nothing.
 //   These run on the CUDA driver (graph pools build graphs), on a GPU or simcuda.
@@ -456,6 +458,65 @@ TEST(HostMemoryExhaustion, ALeakedAllocationsFreeTheHostHasNoMemoryForIsCountedN
   EXPECT_EQ(0u, st.implicit_frees);
   EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
   EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AFreeDeferredToAGraphsEndFencesItsStreamsWithoutHostMemory) {
+  // A free during a capture, of an allocation that five more streams of the capture use: once
+  // the graph is gone, the reclaim worker fences the six streams (a fence list keeps four
+  // inline), with every throwing allocation of arcpool's refused meanwhile. The free completes.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_CUDA);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t s = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
+  std::vector<arcpool_stream_t> users(5);
+  for (arcpool_stream_t& u : users) {
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &u)) << arcpool_last_error();
+  }
+  const auto cu = [](arcpool_stream_t x) { return reinterpret_cast<cudaStream_t>(x); };
+  const auto edge = [&](arcpool_stream_t from, arcpool_stream_t to) {
+    cudaEvent_t e = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ASSERT_EQ(cudaSuccess, cudaEventRecord(e, cu(from)));
+    ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(cu(to), e, 0));
+    EXPECT_EQ(cudaSuccess, cudaEventDestroy(e));
+  };
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a))
+      << arcpool_last_error();
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(cu(s), cudaStreamCaptureModeThreadLocal));
+  for (arcpool_stream_t u : users) {
+    ASSERT_NO_FATAL_FAILURE(edge(s, u));  // the capture forks to u
+    EXPECT_OK(arcpool_record_use(a, u));
+  }
+  EXPECT_OK(arcpool_deallocate_async(a, s, 0));  // deferred to the graph's end
+  arcpool_allocation_release(a);
+  for (arcpool_stream_t u : users)
+    ASSERT_NO_FATAL_FAILURE(edge(u, s));  // joins
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(cu(s), &graph));
+  EXPECT_EQ(1u, stats_of(alloc).graph_deferred_frees);
+
+  // The block is held until the free runs (the stream caches hold none: s's free waited).
+  const auto held = [&] {
+    const arcpool_stats_t st = stats_of(alloc);
+    return st.bytes_held_current - st.bytes_cached_current;
+  };
+  EXPECT_EQ(kBytes, held());
+  g_throwing_news.to_fail = 1000;
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));  // the worker takes the free
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (held() != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  g_throwing_news.to_fail = 0;
+  EXPECT_EQ(0u, held()) << "the free did not complete";
+  const arcpool_stats_t st = stats_of(alloc);
+  EXPECT_EQ(0u, st.reclaim_failures);
+  EXPECT_EQ(0u, st.allocations_in_use_current);
+  for (arcpool_stream_t u : users)
+    EXPECT_OK(arcpool_stream_destroy(alloc, u));
+  EXPECT_OK(arcpool_stream_destroy(alloc, s));
   arcpool_allocator_destroy(alloc);
 }
 

@@ -79,6 +79,22 @@ TEST(SmallVector, AMoveTakesTheElementsPastTheInlinePartWithTheirStorage) {
   EXPECT_TRUE(moved.empty());
 }
 
+TEST(SmallVector, PushesUpToTheReservedRoomKeepTheOverflowsStorage) {
+  // The reclaim worker pushes into room reserved before: a push there allocates nothing, so
+  // the first element past the inline part stays where it is.
+  list v;
+  v.reserve(3);  // within the inline part: no overflow made
+  EXPECT_TRUE(v.empty_and_inline());
+  v.reserve(10);
+  for (int i = 0; i < 5; ++i)
+    v.push_back(std::make_shared<int>(i));
+  const std::shared_ptr<int>* fifth = &v[4];
+  for (int i = 5; i < 10; ++i)
+    v.push_back(std::make_shared<int>(i));
+  EXPECT_EQ(fifth, &v[4]) << "a push within the reserved room moved the overflow";
+  EXPECT_EQ((std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}), values(v));
+}
+
 TEST(SmallVector, RandomPushesAndPopsMatchAStdVector) {
   std::mt19937 rng(12345);
   list v;

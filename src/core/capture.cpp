@@ -288,6 +288,9 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
     const bool now = u.at_deallocation && u.stream.reachable();
     ARCPOOL_RETURN_IF_ERROR(add(u.stream, now ? nullptr : &u.fence));
   }
+  // Room for the fences the worker takes of the streams capturing now, so that it takes them
+  // without allocating (on the worker, a failure could only give the memory up).
+  item->fences.reserve(item->fences.size() + item->fence_later.size());
   // Freed on the reclaim worker's own stream, never on the origin: a stream that captured
   // once may capture again whenever its thread likes, and a free enqueued then would land in
   // that capture's graph (the fences make the free follow the streams' work).

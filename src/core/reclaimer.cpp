@@ -195,7 +195,7 @@ bool reclaimer::take_late_fences(reclaim_item& item, bool* failed) {
     } else if (capturing) {
       return false;  // capturing again: a later pass fences it
     }
-    item.fences.push_back(std::move(f));
+    item.fences.push_back(std::move(f));  // into the room reserved for it: no allocation
     item.fence_later.pop_back();
   }
   return true;

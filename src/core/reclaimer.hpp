@@ -43,7 +43,8 @@ struct reclaim_item {
   /// The statistics row whose deferred_frees it counts on (the origin's; design.md §11).
   stream_stats* counted_on = nullptr;
   /// Created or registered streams that were capturing at the deallocation: each is fenced
-  /// when the worker first finds it alive and not capturing (or its final fence is taken).
+  /// when the worker first finds it alive and not capturing (or its final fence is taken),
+  /// into room that `fences` reserved for them at the deallocation.
   small_vector<stream_ref, 2> fence_later;
   /// The reclaimer's: its queue's link, and whether a poll found a fence failed.
   reclaim_item* next = nullptr;

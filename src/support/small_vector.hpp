@@ -37,6 +37,14 @@ class small_vector {
   }
   ~small_vector() { clear(); }
 
+  /// Room for `n` elements in all, so that pushing up to `n` allocates nothing (bad_alloc if
+  /// the room cannot be made; the list is unchanged then).
+  void reserve(size_t n) {
+    if (n <= N) return;
+    if (!overflow_) overflow_ = std::make_unique<std::vector<T>>();
+    overflow_->reserve(n - N);
+  }
+  /// Appends `value`: allocates only past the first N elements and the room reserved.
   void push_back(T value) {
     if (size_ < N) {
       new (inline_ptr() + size_) T(std::move(value));
