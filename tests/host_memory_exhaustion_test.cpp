@@ -15,7 +15,9 @@
 //   room made at the deallocation, so that it allocates nothing (and cannot end the process).
 // - A graph pool's block returned to the pool (freed, or taken by an allocation whose record
 //   could not be made): the pool's list has room for it, so that the return allocates nothing.
-//   These run on the CUDA driver (graph pools build graphs), on a GPU or simcuda.
+//   A capture's binding to a graph pool: refused, it leaves the capture unbound and the pool
+//   without a reference. These run on the CUDA driver (graph pools build graphs), on a GPU or
+//   simcuda.
 //
 // Its own program: it replaces the nothrow array operator new, which only the by-pointer table's
 // growth uses in arcpool, the nothrow scalar operator new (records' blocks, views' handles,
@@ -634,4 +636,52 @@ TEST(HostMemoryExhaustion, AGraphAllocationWhoseRecordCannotBeMadeGivesItsBlockB
   g.close();
 }
 
+TEST(HostMemoryExhaustion, AGraphPoolsBindingTheHostHasNoMemoryForFailsAndChangesNothing) {
+  // Each attempt, on an allocator of its own (so that nothing an earlier attempt made is there
+  // already), binds a capture to a new pool, letting one more of arcpool's throwing allocations
+  // through before it refuses the next. A refused binding leaves the capture unbound (its
+  // allocations are graph allocations, not the pool's blocks) and takes no reference of the
+  // pool, which gives its blocks back at its release.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  int refusals = 0;
+  for (int passed = 0;; ++passed) {
+    ASSERT_LT(passed, 100) << "the binding kept failing";
+    graph_pool_stream g;
+    ASSERT_NO_FATAL_FAILURE(g.open());
+    ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(g.cu(), cudaStreamCaptureModeThreadLocal));
+    const int failed_before = g_throwing_news.failed.load();
+    g_throwing_news.to_pass = passed;
+    g_throwing_news.to_fail = 1;
+    const arcpool_status_t status = arcpool_graph_pool_begin(g.pool, g.s);
+    g_throwing_news.to_fail = 0;
+    g_throwing_news.to_pass = 0;
+    if (status != ARCPOOL_STATUS_SUCCESS) {
+      EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+      EXPECT_EQ(failed_before + 1, g_throwing_news.failed.load()) << "failed without a refusal";
+      ++refusals;
+    }
+    arcpool_allocation_t* a = nullptr;
+    EXPECT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, g.s, 0, &a));
+    arcpool_placement_t placement{};
+    placement.struct_size = sizeof(placement);
+    placement.version = ARCPOOL_PLACEMENT_VERSION;
+    EXPECT_OK(arcpool_allocation_placement(a, &placement));
+    EXPECT_EQ(status == ARCPOOL_STATUS_SUCCESS,
+              (placement.flags & ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL) != 0)
+        << (status == ARCPOOL_STATUS_SUCCESS ? "a bound capture was not lent the pool's block"
+                                             : "a refused binding stayed")
+        << " (refused after " << passed << " allocations)";
+    EXPECT_OK(arcpool_deallocate_async(a, g.s, 0));
+    arcpool_allocation_release(a);
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(g.cu(), &graph));
+    if (status == ARCPOOL_STATUS_SUCCESS) {
+      EXPECT_OK(arcpool_graph_pool_end(g.pool, g.s));
+    }
+    EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+    g.close();
+    if (HasFailure() || status == ARCPOOL_STATUS_SUCCESS) break;
+  }
+  EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
+}
 }  // namespace

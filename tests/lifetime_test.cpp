@@ -351,6 +351,7 @@ struct held_task : detail::posted_task {
 TEST_P(Lifetime, APostedTaskIsPendingUntilItHasRun) {
   auto* task = new held_task;
   std::future<void> started = task->started.get_future();
+  core().prepare_posted_task();
   core().await_posted_task();
   core().post_task(task);
   EXPECT_EQ(1u, core().reclaim_pending()) << "posted, not yet run";

@@ -149,9 +149,13 @@ class allocator {
   /// A bound capture's graph is gone (on the reclaim worker): its binding lends no more, and
   /// stays until end_graph_pool, which the application may call before or after.
   void capture_graph_gone(uint64_t capture) noexcept;
-  /// A user object now holds `task`, which its destructor will post (post_task): takes the
-  /// record that keeps the allocator alive through that post, and starts the reclaim worker.
-  void await_posted_task() {
+  /// Before a user object is armed with a posted task: starts the reclaim worker, which will
+  /// run it. Throws std::bad_alloc or std::system_error, with nothing changed.
+  void prepare_posted_task() { reclaimer_.start(); }
+  /// A user object now holds `task` (after prepare_posted_task), which its destructor will
+  /// post (post_task): takes the record that keeps the allocator alive through that post.
+  /// Allocates nothing, so that it cannot fail once the user object is armed.
+  void await_posted_task() noexcept {
     record_created();
     reclaimer_.expect_post();
   }

@@ -291,6 +291,7 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   // Room for the fences the worker takes of the streams capturing now, so that it takes them
   // without allocating (on the worker, a failure could only give the memory up).
   item->fences.reserve(item->fences.size() + item->fence_later.size());
+  prepare_posted_task();  // started by the item's prepare already; may throw: before the commit
   // Freed on the reclaim worker's own stream, never on the origin: a stream that captured
   // once may capture again whenever its thread likes, and a free enqueued then would land in
   // that capture's graph (the fences make the free follow the streams' work).
@@ -412,6 +413,7 @@ arcpool_status_t allocator::begin_graph_pool(graph_pool& pool, stream_handle s) 
   }
   capture_info capture;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(s, &capture));
+  prepare_posted_task();  // may throw: before anything changes
   {
     std::lock_guard<std::mutex> lock(graph_bindings_mutex_);
     for (const graph_binding& b : graph_bindings_) {
@@ -426,20 +428,21 @@ arcpool_status_t allocator::begin_graph_pool(graph_pool& pool, stream_handle s) 
   auto* gate = new (std::nothrow) capture_binding_gate(pool, capture.id);
   arcpool_status_t status = gate == nullptr
                                 ? fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a binding")
-                                : ARCPOOL_STATUS_SUCCESS;
+                                : pool.capture_bound(capture.id);
   if (status == ARCPOOL_STATUS_SUCCESS) {
-    pool.retain();
-    pool.capture_bound(capture.id);
+    pool.retain();  // the gate's, released when the graph is gone
     status = driver_->graph_defer(capture.graph, &capture_binding_gate::open, gate);
     if (status != ARCPOOL_STATUS_SUCCESS) {
-      delete gate;
       pool.capture_ended(capture.id);
       pool.release();
     } else {
       await_posted_task();
     }
   }
-  if (status != ARCPOOL_STATUS_SUCCESS) unbind_capture(capture.id);
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    delete gate;
+    unbind_capture(capture.id);
+  }
   return status;
 }
 

@@ -120,9 +120,14 @@ void graph_pool::give(void* base, size_t held_bytes, tag where, fence_list fence
   free_.push_back(std::move(b));
 }
 
-void graph_pool::capture_bound(uint64_t capture) {
+arcpool_status_t graph_pool::capture_bound(uint64_t capture) {
   std::lock_guard<std::mutex> lock(mutex_);
-  captures_.push_back(capture);
+  try {
+    captures_.push_back(capture);
+  } catch (const std::bad_alloc&) {
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a graph pool's binding");
+  }
+  return ARCPOOL_STATUS_SUCCESS;
 }
 
 bool graph_pool::hears_of(uint64_t capture) {

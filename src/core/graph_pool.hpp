@@ -49,8 +49,9 @@ class graph_pool {
   /// made when it was lent), so that it cannot fail after a deallocation committed.
   void give(void* base, size_t held_bytes, tag where, fence_list fences) noexcept;
   /// Capture `capture` is bound to the pool, which will hear (capture_ended) when its graph is
-  /// gone, whether or not the application ended the binding first.
-  void capture_bound(uint64_t capture);
+  /// gone, whether or not the application ended the binding first. OUT_OF_MEMORY, nothing
+  /// changed, when the host has no memory to note it.
+  arcpool_status_t capture_bound(uint64_t capture);
   /// True while the pool will hear of the end of `capture`'s graph.
   bool hears_of(uint64_t capture);
   /// Capture `capture`'s graph is gone: its freed blocks become free for any bound capture.

@@ -88,11 +88,14 @@ std::unique_ptr<reclaim_item> reclaimer::prepare() {
     }
   }
   if (!item) item = std::make_unique<reclaim_item>();
-  if (!started_.load(std::memory_order_acquire)) {  // once: the worker's lock is left alone
-    std::lock_guard<std::mutex> lock(mutex_);
-    start_locked();
-  }
+  start();
   return item;
+}
+
+void reclaimer::start() {
+  if (started_.load(std::memory_order_acquire)) return;  // once: the worker's lock left alone
+  std::lock_guard<std::mutex> lock(mutex_);
+  start_locked();
 }
 
 void reclaimer::recycle(std::unique_ptr<reclaim_item> item) noexcept {
@@ -115,10 +118,8 @@ void reclaimer::enqueue(std::unique_ptr<reclaim_item> item) noexcept {
   work_cv_.notify_one();
 }
 
-void reclaimer::expect_post() {
+void reclaimer::expect_post() noexcept {
   expected_posts_.fetch_add(1, std::memory_order_acq_rel);
-  std::lock_guard<std::mutex> lock(mutex_);
-  start_locked();
 }
 
 void reclaimer::post(posted_task* task) noexcept {

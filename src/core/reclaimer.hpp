@@ -82,9 +82,13 @@ class reclaimer {
   /// blocks, allocates nothing.
   void enqueue(std::unique_ptr<reclaim_item> item) noexcept;
 
-  /// Announces a post() to come (a user object armed with a posted task): starts the worker,
-  /// and keeps it looking at its inbox now and then while idle until the post has come.
-  void expect_post();
+  /// Starts the worker, once. Throws std::bad_alloc (no host memory) or std::system_error (no
+  /// thread could start) and changes nothing then.
+  void start();
+  /// Announces a post() to come (a user object armed with a posted task, after start): keeps
+  /// the worker looking at its inbox now and then while idle until the post has come.
+  /// Allocates nothing.
+  void expect_post() noexcept;
   /// Hands `task` to the worker without blocking: no lock, no allocation, no CUDA call; a
   /// lock-free push and a notification. The caller keeps the reclaimer alive until it returns.
   void post(posted_task* task) noexcept;
