@@ -8,6 +8,7 @@
 // - A fence released when its event pool's shard cannot grow: the release allocates nothing (it
 //   is noexcept), and the fence's event is kept elsewhere or destroyed.
 // - A thread that exits: giving its statistics shard back (in a destructor) allocates nothing.
+// - A thread's first failure: its message needs no host memory.
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
@@ -63,6 +64,9 @@ struct failing_news {
 failing_news g_array_news;
 failing_news g_scalar_news;
 failing_news g_throwing_news;
+/// Set on a thread whose every throwing allocation g_throwing_news may refuse, the standard
+/// library's own included (std::string's code is in libstdc++, not in arcpool's object).
+thread_local bool t_refuse_any_caller = false;
 
 /// The throwing operator new that this program replaces: the next definition in the process
 /// (the sanitizer runtime's, or the C++ library's), so that delete matches. Looked up at the
@@ -89,9 +93,9 @@ bool called_by_arcpool(const void* return_address) noexcept {
 /// next definition's.
 void* operator new(std::size_t bytes) {
   const throwing_new next = next_new();
-  if (next == nullptr ||
-      (g_throwing_news.to_fail.load() > 0 && called_by_arcpool(__builtin_return_address(0)) &&
-       g_throwing_news.take())) {
+  if (next == nullptr || (g_throwing_news.to_fail.load() > 0 &&
+                          (t_refuse_any_caller || called_by_arcpool(__builtin_return_address(0))) &&
+                          g_throwing_news.take())) {
     throw std::bad_alloc();
   }
   return next(bytes);
@@ -222,6 +226,34 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
   EXPECT_EQ(0u, st.bytes_in_use_current);
 
   EXPECT_OK(arcpool_stream_destroy(alloc, s));
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AThreadsFirstFailureIsReportedWithoutHostMemory) {
+  // On a thread that has reported nothing yet, a call refused every host allocation (the
+  // standard library's included) fails with OUT_OF_MEMORY and a message: the message itself
+  // needs no host memory (a guarded entry point's catch reports it in a noexcept function,
+  // where a throw ends the process). The null driver: no thread of its own allocates meanwhile.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  arcpool_stream_t s = nullptr;
+  std::string message;
+  std::thread([&] {
+    const int failed_before = g_throwing_news.failed.load();
+    t_refuse_any_caller = true;
+    g_throwing_news.to_fail = 1000;
+    g_scalar_news.to_fail = 1000;
+    status = arcpool_stream_create(alloc, &s);
+    g_throwing_news.to_fail = 0;
+    g_scalar_news.to_fail = 0;
+    t_refuse_any_caller = false;
+    EXPECT_LT(failed_before, g_throwing_news.failed.load()) << "nothing was refused";
+    message = arcpool_last_error();
+  }).join();
+  EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << message;
+  EXPECT_EQ(nullptr, s);
+  EXPECT_EQ(0u, message.find("ARCPOOL_STATUS_OUT_OF_MEMORY: ")) << message;
   arcpool_allocator_destroy(alloc);
 }
 

@@ -1,5 +1,6 @@
 // Allocation (design.md §3, §7): the fast path's cache hit, the pool with its out-of-memory
 // retry, and imports.
+#include <cstdio>
 #include <new>
 
 #include "core/allocator.hpp"
@@ -84,12 +85,13 @@ arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, c
   }
   if (status != ARCPOOL_STATUS_OUT_OF_MEMORY) return status;
   stats_.count(stat::oom_failures);
-  const std::string cause = last_error();
+  char cause[kLastErrorBytes];  // the pool's own message, kept while fail() writes over it
+  std::snprintf(cause, sizeof(cause), "%s", last_error());
   const pool_figures pool = driver_->pool_query();
   return fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
               "cannot allocate %zu bytes on device %d (stream %p): %s; allocator: %llu bytes in "
               "use, %llu held, %llu pending free; pool: %llu reserved, %llu used; hard limit %zu",
-              requested, driver_->device(), static_cast<void*>(s.handle), cause.c_str(),
+              requested, driver_->device(), static_cast<void*>(s.handle), cause,
               static_cast<unsigned long long>(stats_.current(stat::bytes_in_use)),
               static_cast<unsigned long long>(stats_.current(stat::bytes_held)),
               static_cast<unsigned long long>(stats_.current(stat::bytes_pending_free)),

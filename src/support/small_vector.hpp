@@ -38,7 +38,7 @@ class small_vector {
   ~small_vector() { clear(); }
 
   /// Room for `n` elements in all, so that pushing up to `n` allocates nothing (bad_alloc if
-  /// the room cannot be made; the list is unchanged then).
+  /// the room cannot be made; the elements are unchanged then).
   void reserve(size_t n) {
     if (n <= N) return;
     if (!overflow_) overflow_ = std::make_unique<std::vector<T>>();

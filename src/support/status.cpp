@@ -2,29 +2,32 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 
 namespace arcpool::detail {
 namespace {
-thread_local std::string t_last_error;
+/// The thread's last message, in place: setting it allocates nothing, so that a failure is
+/// reported also when the host has no memory left (a guarded entry point's bad_alloc
+/// included), where a growing string would throw again in a noexcept path.
+thread_local char t_last_error[kLastErrorBytes];
 }  // namespace
 
-arcpool_status_t fail(arcpool_status_t status, const char* format, ...) {
-  char message[512];
+arcpool_status_t fail(arcpool_status_t status, const char* format, ...) noexcept {
+  const int prefix =
+      std::snprintf(t_last_error, sizeof(t_last_error), "%s: ", arcpool_status_string(status));
   va_list args;
   va_start(args, format);
-  std::vsnprintf(message, sizeof(message), format, args);
+  std::vsnprintf(t_last_error + prefix, sizeof(t_last_error) - prefix, format, args);
   va_end(args);
-  t_last_error = arcpool_status_string(status);
-  t_last_error += ": ";
-  t_last_error += message;
   return status;
 }
 
-void append_to_last_error(const char* context) {
-  t_last_error += context;
+void append_to_last_error(const char* context) noexcept {
+  const size_t used = std::strlen(t_last_error);
+  std::snprintf(t_last_error + used, sizeof(t_last_error) - used, "%s", context);
 }
 
-const std::string& last_error() noexcept {
+const char* last_error() noexcept {
   return t_last_error;
 }
 
@@ -61,7 +64,7 @@ const char* arcpool_status_string(arcpool_status_t status) {
 }
 
 const char* arcpool_last_error(void) {
-  return arcpool::detail::last_error().c_str();
+  return arcpool::detail::last_error();
 }
 
 }  // extern "C"
