@@ -9,6 +9,7 @@
 //   is noexcept), and the fence's event is kept elsewhere or destroyed.
 // - A thread that exits: giving its statistics shard back (in a destructor) allocates nothing.
 // - A thread's first failure: its message needs no host memory.
+// - A free offered to its stream's cache when the cache cannot grow: the block goes to the pool.
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
@@ -318,6 +319,36 @@ struct handoff {
     EXPECT_OK(arcpool_stream_destroy(alloc, to));
   }
 };
+
+TEST(HostMemoryExhaustion, AFreeWhoseStreamCacheCannotGrowGoesToThePool) {
+  // A deallocation that waits for its use records and frees on its stream (after its commit)
+  // offers the block to the stream's cache: without host memory for the cache's bin, the
+  // block goes back to the pool instead, and the deallocation succeeds. The null driver.
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_NULL;
+  options.use_record_routing = ARCPOOL_ROUTING_WAIT_AND_FREE;
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
+      << arcpool_last_error();
+  handoff h;
+  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  EXPECT_OK(arcpool_record_use(h.a, h.to));
+  const int failed_before = g_throwing_news.failed.load();
+  g_throwing_news.to_fail = 1000;
+  const arcpool_status_t status = arcpool_deallocate_async(h.a, h.from, 0);
+  g_throwing_news.to_fail = 0;
+  EXPECT_LT(failed_before, g_throwing_news.failed.load()) << "nothing was refused";
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, status) << arcpool_last_error();
+  arcpool_allocation_release(h.a);
+  const arcpool_stats_t st = stats_of(alloc);
+  EXPECT_EQ(0u, st.bytes_cached_current);
+  EXPECT_EQ(0u, st.bytes_held_current) << "the block was lost";
+  EXPECT_EQ(1u, st.frees);
+  EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
+  EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
+  arcpool_allocator_destroy(alloc);
+}
 
 TEST(HostMemoryExhaustion, AFenceTheHostHasNoMemoryForFailsItsTransferAndChangesNothing) {
   // A transfer's fence is the first of its pool's (no event to reuse): its record cannot be

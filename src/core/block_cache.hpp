@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "support/spinlock.hpp"
@@ -29,9 +30,10 @@ class block_cache {
   }
 
   /// Keeps `p` (of `bytes`) if the cache is open, would hold at most `limit` bytes with it and
-  /// has a bin for its size, and `commit(guard())`, run under the cache's lock once all of that
-  /// holds, returns true; otherwise keeps nothing. The caller has enqueued every wait the block
-  /// needs on the cache's stream. Cost: a spinlock and a probe of a few bins.
+  /// has a bin for its size with room (host memory permitting), and `commit(guard())`, run
+  /// under the cache's lock once all of that holds, returns true; otherwise keeps nothing.
+  /// Throws only what `commit` throws. The caller has enqueued every wait the block needs on
+  /// the cache's stream. Cost: a spinlock and a probe of a few bins.
   template <class F>
   [[gnu::always_inline]] bool put_if(void* p, size_t bytes, size_t limit, F&& commit) {
     std::lock_guard<spinlock> lock(lock_);
@@ -39,8 +41,15 @@ class block_cache {
     bin* b = find(bytes);
     if (b == nullptr) b = claim(bytes);
     if (b == nullptr) return false;
-    // Room first: a growth that throws leaves nothing committed.
-    if (b->blocks.size() == b->blocks.capacity()) b->blocks.reserve(2 * b->blocks.size() + 4);
+    // Room first, before the commit: without host memory for it the block is not kept (the
+    // caller frees it), and a caller that committed already loses nothing.
+    if (b->blocks.size() == b->blocks.capacity()) {
+      try {
+        b->blocks.reserve(2 * b->blocks.size() + 4);
+      } catch (const std::bad_alloc&) {
+        return false;
+      }
+    }
     if (!commit(static_cast<const spinlock&>(lock_))) return false;
     b->blocks.push_back(p);
     bytes_ += bytes;
