@@ -10,6 +10,7 @@
 // - A thread that exits: giving its statistics shard back (in a destructor) allocates nothing.
 // - A thread's first failure: its message needs no host memory.
 // - A free offered to its stream's cache when the cache cannot grow: the block goes to the pool.
+// - An allocation with the memory history on: noting it never fails (the ring is made first).
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
@@ -348,6 +349,49 @@ TEST(HostMemoryExhaustion, AFreeWhoseStreamCacheCannotGrowGoesToThePool) {
   EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
   EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
   arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AnAllocationTheHistoryHasNoMemoryToNoteLosesNothing) {
+  // With the memory history on, each attempt (on an allocator of its own, so that nothing an
+  // earlier attempt made is there already) lets one more of arcpool's throwing allocations
+  // through before it refuses the next, until one needs no more: each succeeds, or fails
+  // holding nothing. Noting the block and the allocation in the history (after the pool gave
+  // the block) never fails: a block the history has no room for is left out of it.
+  int refused_attempts = 0;  // attempts that had an allocation refused, failed or not
+  for (int passed = 0;; ++passed) {
+    ASSERT_LT(passed, 100) << "the allocation kept failing";
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_NULL;
+    options.history_entries = 64;
+    arcpool_allocator_t* alloc = nullptr;
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_create(&options, &alloc))
+        << arcpool_last_error();
+    arcpool_stream_t s = nullptr;
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
+    const int failed_before = g_throwing_news.failed.load();
+    g_throwing_news.to_pass = passed;
+    g_throwing_news.to_fail = 1;
+    arcpool_allocation_t* a = nullptr;
+    const arcpool_status_t status = arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a);
+    g_throwing_news.to_fail = 0;
+    g_throwing_news.to_pass = 0;
+    const bool refused = g_throwing_news.failed.load() != failed_before;
+    if (refused) ++refused_attempts;
+    if (status == ARCPOOL_STATUS_SUCCESS) {
+      EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+      arcpool_allocation_release(a);
+    } else {
+      EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+      EXPECT_EQ(failed_before + 1, g_throwing_news.failed.load()) << "failed without a refusal";
+      EXPECT_EQ(0u, stats_of(alloc).bytes_held_current)
+          << "a failed allocation held its block (refused after " << passed << " allocations)";
+    }
+    EXPECT_OK(arcpool_stream_destroy(alloc, s));
+    arcpool_allocator_destroy(alloc);
+    if (HasFailure() || !refused) break;  // every allocation it made was let through
+  }
+  EXPECT_LT(0, refused_attempts) << "no attempt was refused: the test proves nothing";
 }
 
 TEST(HostMemoryExhaustion, AFenceTheHostHasNoMemoryForFailsItsTransferAndChangesNothing) {

@@ -42,11 +42,16 @@ arcpool_status_t allocator::create(const allocator_config& config, allocator** o
   }
   std::unique_ptr<driver> drv;
   ARCPOOL_RETURN_IF_ERROR(make_driver(resolved.driver, &drv));
-  auto* a = new allocator(resolved, std::move(drv));
+  // The log's path before the allocator: making it may throw (no host memory).
+  std::string log_file;
   if (const char* path = std::getenv("ARCPOOL_LOG"); path != nullptr && *path != '\0') {
     static std::atomic<unsigned> opened{0};  // allocators that opened an ARCPOOL_LOG file
-    const std::string file = numbered_log_path(path, opened.fetch_add(1));
-    if (arcpool_status_t status = a->log_.open(file.c_str()); status != ARCPOOL_STATUS_SUCCESS) {
+    log_file = numbered_log_path(path, opened.fetch_add(1));
+  }
+  auto* a = new allocator(resolved, std::move(drv));
+  if (!log_file.empty()) {
+    if (arcpool_status_t status = a->log_.open(log_file.c_str());
+        status != ARCPOOL_STATUS_SUCCESS) {
       a->release();
       return status;
     }

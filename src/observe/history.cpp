@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
 
 #include "observe/pickle_writer.hpp"
 
@@ -26,25 +27,28 @@ constexpr size_t kSmallSegment = size_t{1} << 20;
 
 }  // namespace
 
-void history::record(action what, uintptr_t address, size_t size, uintptr_t stream) {
+void history::record(action what, uintptr_t address, size_t size, uintptr_t stream) noexcept {
   const entry e{what, address, size, stream, now_us()};
   if (ring_.size() < capacity_) {
-    ring_.push_back(e);
+    ring_.push_back(e);  // into the room made at construction
     return;
   }
   ring_[next_] = e;
   next_ = (next_ + 1) % capacity_;
 }
 
-void history::segment_alloc(const void* base, size_t bytes, stream_handle s) {
+void history::segment_alloc(const void* base, size_t bytes, stream_handle s) noexcept {
   if (!enabled() || base == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  block& b = blocks_[key(base)];
-  b = block{bytes, 0, key(s), state::inactive};
+  try {
+    blocks_[key(base)] = block{bytes, 0, key(s), state::inactive};
+  } catch (const std::bad_alloc&) {
+    return;  // left out of the history
+  }
   record(action::segment_alloc, key(base), bytes, key(s));
 }
 
-void history::alloc(const void* base, size_t requested, stream_handle s) {
+void history::alloc(const void* base, size_t requested, stream_handle s) noexcept {
   if (!enabled() || base == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = blocks_.find(key(base));
@@ -54,7 +58,7 @@ void history::alloc(const void* base, size_t requested, stream_handle s) {
   record(action::alloc, key(base), requested, key(s));
 }
 
-void history::free_requested(const void* base, stream_handle s) {
+void history::free_requested(const void* base, stream_handle s) noexcept {
   if (!enabled() || base == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = blocks_.find(key(base));
@@ -63,7 +67,7 @@ void history::free_requested(const void* base, stream_handle s) {
   record(action::free_requested, key(base), it->second.requested, key(s));
 }
 
-void history::free_completed(const void* base, stream_handle s) {
+void history::free_completed(const void* base, stream_handle s) noexcept {
   if (!enabled() || base == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = blocks_.find(key(base));
@@ -77,7 +81,7 @@ void history::free_completed(const void* base, stream_handle s) {
   b.stream = key(s);  // a cached block belongs to the cache's stream
 }
 
-void history::segment_free(const void* base, stream_handle s) {
+void history::segment_free(const void* base, stream_handle s) noexcept {
   if (!enabled() || base == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = blocks_.find(key(base));

@@ -27,26 +27,30 @@ namespace arcpool::detail {
 
 class history {
  public:
-  /// A history of the last `entries` actions (0: off, and every call below is a no-op).
-  explicit history(size_t entries) : capacity_(entries) {}
+  /// A history of the last `entries` actions (0: off, and every call below is a no-op). Its
+  /// ring is made now (std::bad_alloc if the host has no memory for it), so that recording an
+  /// action allocates nothing.
+  explicit history(size_t entries) : capacity_(entries) { ring_.reserve(entries); }
   history(const history&) = delete;
   history& operator=(const history&) = delete;
 
   /// True when recording (fixed at construction: a plain read).
   bool enabled() const noexcept { return capacity_ != 0; }
 
-  /// arcpool took `bytes` at `base` from the pool on stream `s`.
-  void segment_alloc(const void* base, size_t bytes, stream_handle s);
+  /// arcpool took `bytes` at `base` from the pool on stream `s`. Without host memory to note
+  /// the block, the history leaves it out (the calls below then ignore it): recording never
+  /// fails, since its callers cannot (the memory is taken, or a deallocation committed).
+  void segment_alloc(const void* base, size_t bytes, stream_handle s) noexcept;
   /// An allocation of `requested` bytes now lives in the block at `base`.
-  void alloc(const void* base, size_t requested, stream_handle s);
+  void alloc(const void* base, size_t requested, stream_handle s) noexcept;
   /// The allocation in the block at `base` was deallocated on `s`.
-  void free_requested(const void* base, stream_handle s);
+  void free_requested(const void* base, stream_handle s) noexcept;
   /// The block at `base` is reusable: kept in the cache of stream `s`.
-  void free_completed(const void* base, stream_handle s);
+  void free_completed(const void* base, stream_handle s) noexcept;
   /// The block at `base` leaves arcpool (to the pool, or exported), on stream `s`. Records the
   /// free's request and completion first where they were not recorded. Call it before the
   /// memory is given back, so that no other thread can be handed the address first.
-  void segment_free(const void* base, stream_handle s);
+  void segment_free(const void* base, stream_handle s) noexcept;
 
   /// The snapshot as a pickle: `segments` (one per block held, sorted by address) and
   /// `device_traces` (the ring, oldest first, in the list of `device`).
@@ -76,7 +80,7 @@ class history {
   };
 
   /// Appends to the ring, dropping the oldest entry when full. Under mutex_.
-  void record(action what, uintptr_t address, size_t size, uintptr_t stream);
+  void record(action what, uintptr_t address, size_t size, uintptr_t stream) noexcept;
 
   const size_t capacity_;
   mutable std::mutex mutex_;
