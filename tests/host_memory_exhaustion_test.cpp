@@ -11,6 +11,7 @@
 // - A thread's first failure: its message needs no host memory.
 // - A free offered to its stream's cache when the cache cannot grow: the block goes to the pool.
 // - An allocation with the memory history on: noting it never fails (the ring is made first).
+// - A free by pointer that fails for host memory: the pointer stays recorded.
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
@@ -256,6 +257,33 @@ TEST(HostMemoryExhaustion, AThreadsFirstFailureIsReportedWithoutHostMemory) {
   EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << message;
   EXPECT_EQ(nullptr, s);
   EXPECT_EQ(0u, message.find("ARCPOOL_STATUS_OUT_OF_MEMORY: ")) << message;
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AByPointerFreeTheHostHasNoMemoryForKeepsThePointerFindable) {
+  // A free by pointer on another stream queues a deferred free, whose entry needs host memory:
+  // refused, the free fails with OUT_OF_MEMORY and the pointer stays recorded, so that the
+  // same free succeeds later. The null driver.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t from = nullptr, to = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &from)) << arcpool_last_error();
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &to)) << arcpool_last_error();
+  void* p = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_malloc_async(alloc, kBytes, 0, from, &p))
+      << arcpool_last_error();
+  const int failed_before = g_throwing_news.failed.load();
+  g_throwing_news.to_fail = 1000;
+  const arcpool_status_t status = arcpool_allocator_free_async(alloc, p, to);
+  g_throwing_news.to_fail = 0;
+  ASSERT_LT(failed_before, g_throwing_news.failed.load()) << "nothing was refused";
+  EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+  EXPECT_EQ(1u, stats_of(alloc).allocations_in_use_current);
+  EXPECT_OK(arcpool_allocator_free_async(alloc, p, to));  // still recorded
+  EXPECT_OK(arcpool_allocator_trim(alloc, 0));
+  EXPECT_EQ(0u, stats_of(alloc).allocations_in_use_current);
+  EXPECT_OK(arcpool_stream_destroy(alloc, from));
+  EXPECT_OK(arcpool_stream_destroy(alloc, to));
   arcpool_allocator_destroy(alloc);
 }
 

@@ -1,5 +1,6 @@
 // By-pointer allocation (frameworks, memory resources) and the ambient-stream policy of callers
 // that pass no stream.
+#include "api/entry.hpp"
 #include "core/allocator.hpp"
 #include "core/pointer_map.hpp"
 #include "support/status.hpp"
@@ -43,13 +44,15 @@ arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device
                 "pointer, or already freed)",
                 p);
   }
-  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
-  if (device >= 0 && a->owner.drv().device() != device) {
-    status = fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "free of %p on device %d: %s is on device %d", p,
+  // Guarded here, not only at the entry point: a throw (no host memory, before the commit)
+  // must come back through the re-insert below.
+  const arcpool_status_t status = api::guarded([&] {
+    if (device >= 0 && a->owner.drv().device() != device) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "free of %p on device %d: %s is on device %d", p,
                   device, a->describe().c_str(), a->owner.drv().device());
-  } else {
-    status = a->owner.deallocate(*a, s, 0);
-  }
+    }
+    return a->owner.deallocate(*a, s, 0);
+  });
   if (status != ARCPOOL_STATUS_SUCCESS) {
     // Nothing was freed: the entry goes back as it was. That fails only when other threads'
     // inserts made the table grow meanwhile and host memory ran out: then the map's reference
