@@ -12,6 +12,8 @@
 // - A free offered to its stream's cache when the cache cannot grow: the block goes to the pool.
 // - An allocation with the memory history on: noting it never fails (the ring is made first).
 // - A free by pointer that fails for host memory: the pointer stays recorded.
+// - An allocator's last handle released while a record lives: the janitor holds it without
+//   allocating.
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
@@ -285,6 +287,26 @@ TEST(HostMemoryExhaustion, AByPointerFreeTheHostHasNoMemoryForKeepsThePointerFin
   EXPECT_OK(arcpool_stream_destroy(alloc, from));
   EXPECT_OK(arcpool_stream_destroy(alloc, to));
   arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AnAllocatorReleasedWithLiveRecordsWithoutHostMemoryGoesOn) {
+  // The last handle of an allocator whose allocation still lives hands it to the janitor, in a
+  // release that cannot fail: with every host allocation of arcpool's refused, the release
+  // returns (the janitor holds it without allocating, and starts its thread later), and the
+  // allocation is freed afterwards. Deterministic in a process of its own (ctest runs each
+  // test so): another test may have started the janitor already. The null driver.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, nullptr, 0, &a))
+      << arcpool_last_error();
+  g_throwing_news.to_fail = 1000;
+  g_scalar_news.to_fail = 1000;
+  arcpool_allocator_destroy(alloc);  // its last handle: the allocation's record keeps it
+  g_throwing_news.to_fail = 0;
+  g_scalar_news.to_fail = 0;
+  EXPECT_OK(arcpool_deallocate_async(a, nullptr, 0));
+  arcpool_allocation_release(a);  // the last record: the janitor deletes the allocator
 }
 
 TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {

@@ -53,6 +53,9 @@ class allocator {
   bool quiescent() const noexcept { return records_.sum_acquire() == 0; }
   /// Deletes a quiescent allocator (the janitor's, or release's when nothing is left).
   static void destroy(allocator* a) noexcept { delete a; }
+  /// The janitor's link to the next allocator it holds (janitor.cpp): holding one allocates
+  /// nothing, since release, which hands it over, cannot fail.
+  allocator*& janitor_link() noexcept { return janitor_link_; }
 
   driver& drv() const noexcept { return *driver_; }
   const allocator_config& config() const noexcept { return config_; }
@@ -433,8 +436,9 @@ class allocator {
   arcpool_status_t ambient_stream(stream_handle* out, bool* synchronize);
 
   refcount refs_{1};
-  sharded_counter records_;           ///< live allocation records, per thread shard
-  std::atomic<bool> closing_{false};  ///< no handle left
+  sharded_counter records_;            ///< live allocation records, per thread shard
+  std::atomic<bool> closing_{false};   ///< no handle left
+  allocator* janitor_link_ = nullptr;  ///< under the janitor's lock
   const allocator_config config_;
   std::atomic<size_t> hard_limit_;  ///< bytes; 0: none (set_hard_limit changes it)
   const std::unique_ptr<driver> driver_;

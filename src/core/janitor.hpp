@@ -8,8 +8,8 @@ namespace arcpool::detail {
 class allocator;
 
 /// Takes a closing allocator (no handle left) and deletes it once it is quiescent (no record
-/// left). Never blocks the caller.
-void janitor_adopt(allocator* a);
+/// left). Never blocks the caller, allocates nothing and cannot fail.
+void janitor_adopt(allocator* a) noexcept;
 
 /// Asks the janitor to look again soon (a record of a closing allocator went). Touches no
 /// allocator.
