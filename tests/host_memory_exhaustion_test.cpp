@@ -14,6 +14,7 @@
 // - A free by pointer that fails for host memory: the pointer stays recorded.
 // - An allocator's last handle released while a record lives: the janitor holds it without
 //   allocating.
+// - A stream's destruction: once it retired the stream, it allocates nothing.
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
@@ -307,6 +308,35 @@ TEST(HostMemoryExhaustion, AnAllocatorReleasedWithLiveRecordsWithoutHostMemoryGo
   g_scalar_news.to_fail = 0;
   EXPECT_OK(arcpool_deallocate_async(a, nullptr, 0));
   arcpool_allocation_release(a);  // the last record: the janitor deletes the allocator
+}
+
+TEST(HostMemoryExhaustion, AStreamDestroyedWithoutHostMemoryGoesOrStaysAsItWas) {
+  // Destroying a created stream retires it (its cache closed and flushed, its final fence
+  // recorded), which cannot be undone: with every host allocation of arcpool's refused, the
+  // destroy succeeds, or fails before the retirement and leaves the stream as it was (its
+  // cache still keeps a freed block for the next allocation). The null driver.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t s = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
+  g_throwing_news.to_fail = 1000;
+  const arcpool_status_t status = arcpool_stream_destroy(alloc, s);
+  g_throwing_news.to_fail = 0;
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+    const uint64_t hits_before = stats_of(alloc).cache_hits;
+    for (int i = 0; i < 2; ++i) {
+      arcpool_allocation_t* a = nullptr;
+      EXPECT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
+      if (a == nullptr) break;
+      EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+      arcpool_allocation_release(a);
+    }
+    EXPECT_EQ(hits_before + 1, stats_of(alloc).cache_hits)
+        << "the failed destroy closed the stream's cache: it retired the stream";
+    EXPECT_OK(arcpool_stream_destroy(alloc, s));
+  }
+  arcpool_allocator_destroy(alloc);
 }
 
 TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {

@@ -1,6 +1,7 @@
 // Stream identity and liveness (design.md §6).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -152,9 +153,12 @@ class stream_registry {
 
   /// Adds `entry`, which takes its statistics row from `rows`; returns false if its identity
   /// is already present (a registration racing another), and then `entry` is destroyed with no
-  /// row taken.
+  /// row taken. Makes the graveyard's room for it first: std::bad_alloc, nothing added, if the
+  /// host has no memory.
   bool add(std::unique_ptr<stream_entry> entry, stream_stats_table& rows) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
+    const size_t room = entries_.size() + graveyard_.size() + 1;
+    if (graveyard_.capacity() < room) graveyard_.reserve(std::max(room, 2 * graveyard_.capacity()));
     const auto [it, added] = entries_.try_emplace(entry->id(), std::move(entry));
     if (!added) return false;  // try_emplace left `entry` unmoved: no one saw it
     it->second->take_row(rows);
@@ -162,8 +166,10 @@ class stream_registry {
     return true;
   }
 
-  /// Removes the entry of `id` (kept alive in the graveyard); returns whether it was present.
-  bool remove(uint64_t id) {
+  /// Removes the entry of `id` (kept alive in the graveyard, whose room add made); returns
+  /// whether it was present. Allocates nothing: it follows the stream's retirement, which
+  /// cannot be undone.
+  bool remove(uint64_t id) noexcept {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     auto it = entries_.find(id);
     if (it == entries_.end()) return false;
@@ -190,6 +196,7 @@ class stream_registry {
  private:
   mutable std::shared_mutex mutex_;
   std::unordered_map<uint64_t, std::unique_ptr<stream_entry>> entries_;
+  /// Entries removed; room for every entry ever added.
   std::vector<std::unique_ptr<stream_entry>> graveyard_;
   std::atomic<uint64_t> stamp_{next_stamp()};
 
