@@ -15,6 +15,7 @@
 // - An allocator's last handle released while a record lives: the janitor holds it without
 //   allocating.
 // - A stream's destruction: once it retired the stream, it allocates nothing.
+// - A stream's creation refused its entry: the CUDA stream it made goes again.
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
@@ -44,6 +45,7 @@
 
 #include "arcpool/arcpool.h"
 #include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
 
 namespace {
 /// One kind of operator new that a test makes fail: while `to_fail` is set, the next `to_pass`
@@ -706,6 +708,28 @@ TEST(HostMemoryExhaustion, AFreeDeferredToAGraphsEndFencesItsStreamsWithoutHostM
   for (arcpool_stream_t u : users)
     EXPECT_OK(arcpool_stream_destroy(alloc, u));
   EXPECT_OK(arcpool_stream_destroy(alloc, s));
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AStreamWhoseEntryTheHostHasNoMemoryForIsDestroyedAgain) {
+  // arcpool_stream_create makes the CUDA stream, then its entry: refused the entry, it fails
+  // with OUT_OF_MEMORY and destroys the stream it made. Counted with simcuda's call counters.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  if (!arcpool::test::on_simcuda()) GTEST_SKIP() << "counts the streams with simcuda's counters";
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_CUDA);
+  ASSERT_NE(nullptr, alloc);
+  const uint64_t created = arcpool::test::simcuda_calls("cudaStreamCreateWithFlags");
+  const uint64_t destroyed = arcpool::test::simcuda_calls("cudaStreamDestroy");
+  arcpool_stream_t s = nullptr;
+  g_throwing_news.to_fail = 1000;
+  const arcpool_status_t status = arcpool_stream_create(alloc, &s);
+  g_throwing_news.to_fail = 0;
+  EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+  EXPECT_EQ(nullptr, s);
+  const uint64_t made = arcpool::test::simcuda_calls("cudaStreamCreateWithFlags") - created;
+  EXPECT_EQ(1u, made) << "no stream was made: the test proves nothing";
+  EXPECT_EQ(made, arcpool::test::simcuda_calls("cudaStreamDestroy") - destroyed)
+      << "the stream made for the refused entry was not destroyed";
   arcpool_allocator_destroy(alloc);
 }
 

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <new>
 
 #include "core/janitor.hpp"
 #include "support/process_exit.hpp"
@@ -171,11 +172,19 @@ arcpool_status_t allocator::create_stream(stream_handle* out) {
   stream_handle s = nullptr;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_create(&s));
   uint64_t id = 0;
-  if (arcpool_status_t status = driver_->stream_id(s, &id); status != ARCPOOL_STATUS_SUCCESS) {
-    driver_->stream_destroy(s);
+  arcpool_status_t status = driver_->stream_id(s, &id);
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    try {
+      streams_.add(std::make_unique<stream_entry>(s, id, /*created=*/true), stream_stats_);
+    } catch (const std::bad_alloc&) {
+      status = fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for stream %p's entry",
+                    static_cast<void*>(s));
+    }
+  }
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    driver_->stream_destroy(s);  // the stream made for it goes again
     return status;
   }
-  streams_.add(std::make_unique<stream_entry>(s, id, /*created=*/true), stream_stats_);
   *out = s;
   return ARCPOOL_STATUS_SUCCESS;
 }
