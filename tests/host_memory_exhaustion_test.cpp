@@ -16,6 +16,7 @@
 //   allocating.
 // - A stream's destruction: once it retired the stream, it allocates nothing.
 // - A stream's creation refused its entry: the CUDA stream it made goes again.
+// - A default allocator set without room in the table: the table keeps no reference to it.
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
@@ -731,6 +732,35 @@ TEST(HostMemoryExhaustion, AStreamWhoseEntryTheHostHasNoMemoryForIsDestroyedAgai
   EXPECT_EQ(made, arcpool::test::simcuda_calls("cudaStreamDestroy") - destroyed)
       << "the stream made for the refused entry was not destroyed";
   arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, ADefaultAllocatorTheTableHasNoRoomForKeepsNoReference) {
+  // arcpool_default_allocator_set takes a reference to the allocator for the table: refused
+  // the table's room (the device's slot, the list of retired allocators), each attempt fails
+  // with OUT_OF_MEMORY and keeps no reference, so that the allocator, replaced and destroyed
+  // at the end, destroys its pool. Counted with simcuda's call counters.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  if (!arcpool::test::on_simcuda()) GTEST_SKIP() << "counts the pools with simcuda's counters";
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_CUDA);
+  ASSERT_NE(nullptr, alloc);
+  int refusals = 0;
+  for (int passed = 0;; ++passed) {
+    ASSERT_LT(passed, 100) << "setting the default allocator kept failing";
+    g_throwing_news.to_pass = passed;
+    g_throwing_news.to_fail = 1;
+    const arcpool_status_t status = arcpool_default_allocator_set(0, alloc);
+    g_throwing_news.to_fail = 0;
+    g_throwing_news.to_pass = 0;
+    if (status == ARCPOOL_STATUS_SUCCESS) break;
+    ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+    ++refusals;
+  }
+  EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
+  EXPECT_OK(arcpool_default_allocator_set(0, nullptr));
+  const uint64_t destroyed = arcpool::test::simcuda_calls("cudaMemPoolDestroy");
+  arcpool_allocator_destroy(alloc);
+  EXPECT_EQ(destroyed + 1, arcpool::test::simcuda_calls("cudaMemPoolDestroy"))
+      << "the allocator outlived its last handle: a refused attempt kept its reference";
 }
 
 /// An allocator on the CUDA driver (graph pools need it: it builds graphs), a stream of its

@@ -127,15 +127,17 @@ arcpool_status_t set_default_allocator(int device, allocator* a) {
   {
     std::lock_guard<std::mutex> lock(t.mutex);
     const bool published = device < kLockFreeDevices;
-    // Room to retire the previous allocator first, so that a failure changes nothing.
+    // The device's slot, and room to retire the previous allocator, first: both may allocate,
+    // and a failure must change nothing (nor keep the reference taken below).
     try {
+      t.by_device.try_emplace(device, nullptr);
       if (published) t.retired.reserve(t.retired.size() + 1);
     } catch (const std::bad_alloc&) {
       return fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
                   "no host memory to replace device %d's default allocator", device);
     }
     if (a != nullptr) a->retain();
-    previous = std::exchange(t.by_device[device], a);
+    previous = std::exchange(t.by_device[device], a);  // the slot is there: allocates nothing
     if (published) {
       t.published[device].store(a, std::memory_order_seq_cst);
       // A lookup in progress may have found it: retired, released once none is.
