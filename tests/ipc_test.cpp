@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -32,9 +31,8 @@
 #include "arcpool/arcpool.hpp"
 #include "ipc/channel.hpp"
 #include "support/driver_test.hpp"
+#include "support/ipc_processes.hpp"
 #include "support/simcuda_probe.hpp"
-
-extern char** environ;
 
 namespace arcpool::test {
 namespace {
@@ -61,86 +59,6 @@ arcpool_allocator_t* make_allocator(arcpool_driver_kind_t kind, arcpool_pool_sou
 arcpool_allocator_t* exporting_allocator() {
   return make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED,
                         cudaMemHandleTypePosixFileDescriptor);
-}
-
-/// The other process: this binary, running IpcChild.DISABLED_<role> with the child's end of
-/// arcpool's socket and of a control socket the test uses to say where it is.
-struct child {
-  pid_t pid = -1;
-  int socket = -1;  ///< the parent's end of arcpool's connection
-  int pipe = -1;    ///< the parent's end of the control socket
-};
-
-/// `extra_env`: more NAME=VALUE settings for the child.
-child spawn_child(const char* role, std::vector<std::string> extra_env = {}) {
-  int sv[2], pv[2];
-  child c;
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 ||
-      socketpair(AF_UNIX, SOCK_STREAM, 0, pv) != 0) {
-    ADD_FAILURE() << "socketpair: " << std::strerror(errno);
-    return c;
-  }
-  const std::string filter = std::string("--gtest_filter=IpcChild.DISABLED_") + role;
-  std::vector<std::string> env_strings = {"ARCPOOL_IPC_SOCKET=" + std::to_string(sv[1]),
-                                          "ARCPOOL_IPC_PIPE=" + std::to_string(pv[1])};
-  std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "ARCPOOL_IPC_", 12) != 0) env.push_back(*e);
-  }
-  for (std::string& s : extra_env)
-    env_strings.push_back(std::move(s));
-  for (std::string& s : env_strings)
-    env.push_back(s.data());
-  env.push_back(nullptr);
-  std::string exe = "/proc/self/exe", also = "--gtest_also_run_disabled_tests";
-  std::string filter_arg = filter;
-  char* argv[] = {exe.data(), filter_arg.data(), also.data(), nullptr};
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addclose(&actions, sv[0]);
-  posix_spawn_file_actions_addclose(&actions, pv[0]);
-  const int rc = posix_spawn(&c.pid, exe.c_str(), &actions, nullptr, argv, env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(sv[1]);
-  close(pv[1]);
-  if (rc != 0) ADD_FAILURE() << "posix_spawn: " << std::strerror(rc);
-  c.socket = sv[0];
-  c.pipe = pv[0];
-  return c;
-}
-
-/// Reads the other side's next report from the control socket ('\0' at end of file or after
-/// 60 s).
-char read_report(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  if (poll(&p, 1, 60000) != 1) return '\0';
-  char c = '\0';
-  return read(fd, &c, 1) == 1 ? c : '\0';
-}
-
-/// Waits for the child; its wait status.
-int reap(pid_t pid) {
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return status;
-}
-
-/// Polls `done` every millisecond for up to 20 s.
-template <class F>
-bool eventually(F done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
-size_t outstanding(arcpool_ipc_exporter_t* e) {
-  size_t n = 0;
-  EXPECT_OK(arcpool_ipc_exporter_outstanding(e, &n));
-  return n;
 }
 
 /// Bytes of allocations live or deallocated and not yet freed.
@@ -796,20 +714,6 @@ TEST_F(IpcExporter, DestroyReturnsWhileTheImporterDoesNotReadAFullSocket) {
 }
 
 // --- The other processes -----------------------------------------------------------------
-
-int env_fd(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? -1 : std::atoi(v);
-}
-
-void report(char c) {
-  ASSERT_EQ(1, write(env_fd("ARCPOOL_IPC_PIPE"), &c, 1));
-}
-
-/// Blocks until the test process says go on (or is gone).
-void wait_for_parent() {
-  read_report(env_fd("ARCPOOL_IPC_PIPE"));
-}
 
 /// An importing process's allocator, stream and importer (on the test process's socket).
 struct importing_side {
