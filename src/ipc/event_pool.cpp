@@ -1,5 +1,7 @@
 #include "ipc/event_pool.hpp"
 
+#include <new>
+
 namespace arcpool::detail::ipc {
 
 ipc_event_pool::~ipc_event_pool() {
@@ -19,9 +21,17 @@ arcpool_status_t ipc_event_pool::take(entry* out) {
   return drv_.ipc_event_create(&out->event, &out->data);
 }
 
-void ipc_event_pool::give_back(const entry& e) {
-  std::lock_guard<std::mutex> lock(mu_);
-  free_.push_back(e);
+void ipc_event_pool::give_back(const entry& e) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      free_.push_back(e);
+      return;
+    } catch (const std::bad_alloc&) {
+      // No host memory to keep it: no other process uses it again, so it may go now.
+    }
+  }
+  drv_.event_destroy(e.event);
 }
 
 }  // namespace arcpool::detail::ipc

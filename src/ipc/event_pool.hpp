@@ -26,8 +26,9 @@ class ipc_event_pool {
 
   /// A free event, or a new one.
   arcpool_status_t take(entry* out);
-  /// Returns an event no other process will use again.
-  void give_back(const entry& e);
+  /// Returns an event no other process will use again; destroys it when the host has no memory
+  /// to keep it.
+  void give_back(const entry& e) noexcept;
 
  private:
   driver& drv_;

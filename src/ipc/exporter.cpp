@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <thread>
-#include <vector>
 
 #include "core/allocation.hpp"
 #include "core/allocator.hpp"
@@ -85,8 +85,9 @@ arcpool_status_t exporter::create(arcpool_allocator_t* allocator, int fd, export
   if (status == ARCPOOL_STATUS_SUCCESS) {
     try {
       std::thread([e] { e->watch(); }).detach();
-    } catch (const std::system_error&) {
-      status = fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no thread for the IPC exporter's watcher");
+    } catch (const std::exception&) {  // std::system_error, or std::bad_alloc for its state
+      status = fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                    "no thread, or no host memory, for the IPC exporter's watcher");
     }
   }
   if (status != ARCPOOL_STATUS_SUCCESS) {
@@ -148,8 +149,13 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
       status =
           fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "arcpool_ipc_send: the exporter was destroyed");
     } else {
-      m.id = next_id_++;
-      sent_.emplace(m.id, s);
+      try {
+        sent_.emplace(next_id_, s);
+        m.id = next_id_++;
+      } catch (const std::bad_alloc&) {
+        status = fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                      "arcpool_ipc_send: no host memory to record the allocation sent");
+      }
     }
   }
   if (status == ARCPOOL_STATUS_SUCCESS) status = channel_.send(m);
@@ -206,15 +212,18 @@ void exporter::watch() noexcept {
   channel_.shut_down_sending();  // a closing importer waits for this end of file
   wait_for_importer_exit();
   if (process_exiting()) return;  // the process gives everything back
-  std::vector<sent> left;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, s] : sent_)
-      left.push_back(s);
-    sent_.clear();
-  }
-  for (const sent& s : left)
+  // One at a time, so that the watcher allocates nothing for them.
+  for (;;) {
+    sent s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (sent_.empty()) break;
+      const auto it = sent_.begin();
+      s = it->second;
+      sent_.erase(it);
+    }
     drop(s);
+  }
   unref();
 }
 

@@ -168,8 +168,21 @@ void importer::take(const message& m) noexcept {
       break;
     }
     case message_kind::allocation: {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_.push_back(m);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        try {
+          pending_.push_back(m);
+          break;
+        } catch (const std::bad_alloc&) {
+          // No host memory to queue it: refused below, as an import that failed.
+        }
+      }
+      std::fprintf(stderr, "arcpool: IPC allocation %llu refused: no host memory to queue it\n",
+                   static_cast<unsigned long long>(m.id));
+      message refused;
+      refused.kind = message_kind::refused;
+      refused.id = m.id;
+      channel_.send(refused);  // the exporter's claim goes; PEER_GONE: it needs no word
       break;
     }
     default:
@@ -217,7 +230,12 @@ void importer::release_import(void* p, uint64_t id) noexcept {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    release_events_.emplace(id, e);
+    try {
+      release_events_.emplace(id, e);
+    } catch (const std::bad_alloc&) {
+      // Not remembered, the event is never reused: it stays until the process exits, as an
+      // unacknowledged one does (the exporter may still open it).
+    }
   }
   message m;
   m.kind = message_kind::released;
