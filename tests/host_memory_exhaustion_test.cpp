@@ -148,12 +148,14 @@ namespace {
 
 constexpr size_t kBytes = 4096;
 
-/// An allocator on `driver` (null, with a failure recorded, when it cannot be made). The null
-/// driver allocates no host memory of its own, and starts no thread of its own.
-arcpool_allocator_t* allocator_on(arcpool_driver_kind_t driver) {
+/// An allocator on `driver` (null, with a failure recorded, when it cannot be made), its owned
+/// pool exportable as `ipc_handle_types`. The null driver allocates no host memory of its own,
+/// and starts no thread of its own.
+arcpool_allocator_t* allocator_on(arcpool_driver_kind_t driver, uint32_t ipc_handle_types = 0) {
   arcpool_allocator_options_t options;
   arcpool_allocator_options_init(&options);
   options.driver = driver;
+  options.ipc_handle_types = ipc_handle_types;
   arcpool_allocator_t* alloc = nullptr;
   EXPECT_OK(arcpool_allocator_create(&options, &alloc));
   return alloc;
@@ -777,17 +779,6 @@ TEST(HostMemoryExhaustion, ADefaultAllocatorTheTableHasNoRoomForKeepsNoReference
 
 // --- Pool memory shared with another process (design.md §14) --------------------------------
 
-/// An allocator on the CUDA driver whose owned pool can be exported.
-arcpool_allocator_t* exporting_allocator() {
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_CUDA;
-  options.ipc_handle_types = cudaMemHandleTypePosixFileDescriptor;
-  arcpool_allocator_t* alloc = nullptr;
-  EXPECT_OK(arcpool_allocator_create(&options, &alloc));
-  return alloc;
-}
-
 /// The exporting process of an IPC test: an exporting allocator, a stream, and (start) an
 /// exporter joined to a child running `role`. Ends the child if the test did not.
 struct exporting_side {
@@ -799,7 +790,7 @@ struct exporting_side {
   /// Spawns the child and makes the allocator and the stream (not the exporter).
   void spawn(const char* role) {
     c = arcpool::test::spawn_child(role);
-    alloc = exporting_allocator();
+    alloc = allocator_on(ARCPOOL_DRIVER_CUDA, cudaMemHandleTypePosixFileDescriptor);
     ASSERT_NE(nullptr, alloc);
     ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
   }
