@@ -3,9 +3,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
 #include <new>
+#include <string>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
 #include "arcpool/arcpool.hpp"
 #include "drivers/host_stream.hpp"
@@ -195,6 +199,41 @@ TEST_P(CppApi, StatsReadAsJson) {
   EXPECT_NE(json.find("\"allocations\": 1"), std::string::npos) << json;
   EXPECT_EQ('{', json.front());
   EXPECT_EQ('}', json.back());
+}
+
+TEST_P(CppApi, StatsReadAsJsonAreWholeWhileAnotherThreadAddsStreams) {
+  // stats_json measures the JSON, then copies it: a stream made meanwhile adds its row, and a
+  // figure may gain a digit, so that the copy would be cut short (its end missing, NULs in its
+  // place) unless taken again. Another thread makes streams, and allocates on them, while this
+  // one reads.
+  std::atomic<bool> stop{false};
+  std::atomic<bool> made{false};
+  std::thread maker([&] {
+    for (int round = 0; round < 20 && !stop.load(); ++round) {
+      std::vector<stream> streams;
+      for (int i = 0; i < ARCPOOL_STREAM_STATS_ROWS && !stop.load(); ++i) {
+        streams.push_back(cpp_->create_stream());
+        buffer b = cpp_->allocate_async(4096 + i, streams.back());
+        b.deallocate_async(streams.back());
+      }
+      for (stream& s : streams)
+        s.synchronize();
+    }
+    made = true;
+  });
+  size_t reads = 0;
+  std::string cut;
+  while (!made.load() && cut.empty()) {
+    const std::string json = cpp_->stats_json();
+    if (json.empty() || json.find('\0') != std::string::npos || json.back() != '}') cut = json;
+    ++reads;
+  }
+  stop = true;
+  maker.join();
+  const std::string text = cut.substr(0, cut.find('\0'));
+  EXPECT_TRUE(cut.empty()) << "read " << reads << " whole, then one of " << cut.size()
+                           << " bytes cut short after " << text.size() << ": ..."
+                           << text.substr(text.size() > 80 ? text.size() - 80 : 0);
 }
 
 TEST_P(CppApi, MemorySnapshotNeedsTheHistoryAndAnExportedBlockLeavesIt) {

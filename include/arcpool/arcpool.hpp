@@ -342,14 +342,20 @@ class allocator {
     detail::check(arcpool_stats_get(handle_, &s));
     return s;
   }
-  /// Statistics as a JSON object.
+  /// Statistics as a JSON object, whole.
   std::string stats_json() const {
     size_t length = 0;
     detail::check(arcpool_stats_json(handle_, nullptr, 0, &length));
-    std::string json(length + 1, '\0');
-    detail::check(arcpool_stats_json(handle_, json.data(), json.size(), &length));
-    json.resize(length);
-    return json;
+    // A figure that gains a digit, or a new stream's row, makes it longer between the calls:
+    // the copy is then cut short (the full length reported), and taken again with more room.
+    for (;;) {
+      std::string json(length + length / 4 + 256, '\0');
+      detail::check(arcpool_stats_json(handle_, json.data(), json.size(), &length));
+      if (length < json.size()) {
+        json.resize(length);
+        return json;
+      }
+    }
   }
   /// Statistics per stream: a row per stream with one of its own, then the other-streams row.
   std::vector<arcpool_stream_stats_t> stream_stats() const {
@@ -393,7 +399,8 @@ class ipc_exporter {
  public:
   ipc_exporter() noexcept = default;
   /// Shares `a`'s owned pool over the connected AF_UNIX socket `socket_fd`, which it then
-  /// owns (arcpool_ipc_exporter_create; blocks until the importer greets).
+  /// owns (arcpool_ipc_exporter_create; blocks until the importer greets). On a throw the
+  /// caller still owns the socket.
   ipc_exporter(const allocator& a, int socket_fd) {
     detail::check(arcpool_ipc_exporter_create(a.get(), socket_fd, &handle_));
   }
@@ -424,7 +431,8 @@ class ipc_importer {
  public:
   ipc_importer() noexcept = default;
   /// Imports the pool an exporter shares over `socket_fd`, which it then owns, on `a`'s device
-  /// (arcpool_ipc_importer_create; blocks until the pool arrives).
+  /// (arcpool_ipc_importer_create; blocks until the pool arrives). On a throw the caller still
+  /// owns the socket.
   ipc_importer(const allocator& a, int socket_fd) {
     detail::check(arcpool_ipc_importer_create(a.get(), socket_fd, &handle_));
   }
