@@ -1,8 +1,13 @@
 // Allocator options and the driver choice (AUTO, ARCPOOL_DRIVER), and the versioned structs.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "support/driver_test.hpp"
@@ -229,6 +234,100 @@ TEST(Stats, TheAllocationCountPeakIsTakenWithTheBytePeak) {
   EXPECT_EQ(uint64_t{kLive}, st.allocations_in_use_peak)
       << "a byte peak of " << st.bytes_in_use_peak << " bytes in allocations of " << kBytes
       << " bytes needs that many live allocations";
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+}
+
+/// Reads `a`'s statistics for 2 s while `workers` run (then stops and joins them): in each
+/// read, every gauge's peak is at least its current value, and no gauge reads below zero (a
+/// uint64_t wrapped from -1). The first gauge read wrong, or "".
+std::string read_gauges_while(arcpool_allocator_t* a, std::atomic<bool>& stop,
+                              std::vector<std::thread>& workers) {
+  std::string wrong;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (wrong.empty() && std::chrono::steady_clock::now() < until) {
+    arcpool_stats_t st{};
+    st.struct_size = sizeof(st);
+    st.version = ARCPOOL_STATS_VERSION;
+    if (arcpool_stats_get(a, &st) != ARCPOOL_STATUS_SUCCESS) break;
+#define ARCPOOL_TEST_GAUGE_(name, doc)                                                          \
+  if (st.name##_peak < st.name##_current || st.name##_current > (uint64_t{1} << 62)) {          \
+    wrong = std::string(#name) + ": current " + std::to_string(st.name##_current) + ", peak " + \
+            std::to_string(st.name##_peak);                                                     \
+  }
+    ARCPOOL_STATS_GAUGES(ARCPOOL_TEST_GAUGE_)
+#undef ARCPOOL_TEST_GAUGE_
+  }
+  stop = true;
+  for (std::thread& w : workers)
+    w.join();
+  return wrong;
+}
+
+TEST(Stats, APeakIsNeverBelowTheCurrentValueReadWithIt) {
+  // Another thread allocates and frees 4 KiB on its stream: cache hits, whose moves stay
+  // pending in its shard while this one reads.
+  arcpool_allocator_t* a = nullptr;
+  arcpool_stream_t s = nullptr;
+  ASSERT_NO_FATAL_FAILURE(host_allocator_and_stream(defaults(), &a, &s));
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> workers;
+  workers.emplace_back([&] {
+    while (!stop.load()) {
+      arcpool_allocation_t* h = nullptr;
+      if (arcpool_allocate_async(a, 4096, 0, s, 0, &h) != ARCPOOL_STATUS_SUCCESS) break;
+      arcpool_deallocate_async(h, s, 0);
+      arcpool_allocation_release(h);
+    }
+  });
+  const std::string wrong = read_gauges_while(a, stop, workers);
+  EXPECT_TRUE(wrong.empty()) << wrong;
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  ASSERT_OK(arcpool_stream_destroy(a, s));
+  arcpool_allocator_destroy(a);
+}
+
+TEST(Stats, AGaugeNeverReadsBelowZeroWhileAnotherThreadFreesWhatOneAllocated) {
+  // One thread allocates 4 KiB on a stream and hands each allocation to another, which frees
+  // it there: the allocation's count and bytes are added in the first thread's shard and taken
+  // off in the second's, which a read sums after the first.
+  arcpool_allocator_t* a = nullptr;
+  arcpool_stream_t s = nullptr;
+  ASSERT_NO_FATAL_FAILURE(host_allocator_and_stream(defaults(), &a, &s));
+  std::atomic<bool> stop{false};
+  std::atomic<arcpool_allocation_t*> handed{nullptr};
+  std::atomic<bool> first_has_a_shard{false};
+  std::vector<std::thread> workers;
+  workers.emplace_back([&] {  // first: its shard comes before the other's
+    while (!stop.load()) {
+      if (handed.load() != nullptr) continue;
+      arcpool_allocation_t* h = nullptr;
+      const arcpool_status_t status = arcpool_allocate_async(a, 4096, 0, s, 0, &h);
+      first_has_a_shard = true;
+      if (status != ARCPOOL_STATUS_SUCCESS) break;
+      handed = h;
+    }
+  });
+  while (!first_has_a_shard.load()) {
+  }
+  workers.emplace_back([&] {
+    for (;;) {
+      arcpool_allocation_t* h = handed.exchange(nullptr);
+      if (h == nullptr) {
+        if (stop.load()) break;
+        continue;
+      }
+      arcpool_deallocate_async(h, s, 0);
+      arcpool_allocation_release(h);
+    }
+  });
+  const std::string wrong = read_gauges_while(a, stop, workers);
+  EXPECT_TRUE(wrong.empty()) << wrong;
+  if (arcpool_allocation_t* h = handed.exchange(nullptr)) {
+    EXPECT_OK(arcpool_deallocate_async(h, s, 0));
+    arcpool_allocation_release(h);
+  }
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
   ASSERT_OK(arcpool_stream_destroy(a, s));
   arcpool_allocator_destroy(a);
 }

@@ -764,12 +764,13 @@ ARCPOOL_API arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* po
 /* Statistics                                                                                  */
 /* ----------------------------------------------------------------------------------------- */
 
-/** Gauges: each has a `_current` and a `_peak` field in arcpool_stats_t. `_current` is exact.
- * To keep the hot path free of shared writes each thread batches its changes (up to 1 MiB for
- * byte gauges, 64 for allocations_in_use), so a `_peak` may miss a rise shorter than that batch
- * per thread. A thread's allocations_in_use is flushed whenever its bytes_in_use is, so the two
- * peaks are taken together. Under a hard limit bytes_held is exact (the limit is checked
- * against it). */
+/** Gauges: each has a `_current` and a `_peak` field in arcpool_stats_t. `_current` is exact
+ * once the threads that change it are quiescent (read while they run, it is never below 0, and
+ * `_peak` is never below it). To keep the hot path free of shared writes each thread batches its
+ * changes (up to 1 MiB for byte gauges, 64 for allocations_in_use), so a `_peak` may miss a rise
+ * shorter than that batch per thread. A thread's allocations_in_use is flushed whenever its
+ * bytes_in_use is, so the two peaks are taken together. Under a hard limit bytes_held is exact (the
+ * limit is checked against it). */
 #define ARCPOOL_STATS_GAUGES(X)                                                         \
   X(bytes_in_use, "bytes of live allocations (requested sizes)")                        \
   X(allocations_in_use, "live allocations")                                             \

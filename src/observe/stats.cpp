@@ -1,5 +1,7 @@
 #include "observe/stats.hpp"
 
+#include <algorithm>
+
 namespace arcpool::detail {
 
 stats::stats() noexcept = default;
@@ -56,12 +58,6 @@ void stats::flush_in_use(shard& s) noexcept {
   add(stat::bytes_cached, take(stat::bytes_cached) - moved_bytes);
 }
 
-int64_t stats::peak(stat::gauge g) const noexcept {
-  const int64_t now = current(g);
-  const int64_t p = totals_[g].peak.load(std::memory_order_relaxed);
-  return p > now ? p : now;
-}
-
 int64_t stats::raw_sum(stat::counter c) const noexcept {
   int64_t total = 0;
   for (const shard& s : shards_)
@@ -88,10 +84,19 @@ int64_t stats::sum(stat::counter c) const noexcept {
   }
 }
 
+void stats::read_gauge(stat::gauge g, uint64_t* current_out, uint64_t* peak_out) const noexcept {
+  // One sum for both, so that the peak read is never below the current value read with it.
+  // The shards are summed one by one while other threads move figures between them: for a
+  // moment the sum can miss a rise whose fall it counts (an allocation on one thread freed on
+  // another), and come out below zero, which no gauge can be.
+  const int64_t now = std::max<int64_t>(current(g), 0);
+  *current_out = static_cast<uint64_t>(now);
+  *peak_out = static_cast<uint64_t>(std::max(totals_[g].peak.load(std::memory_order_relaxed), now));
+}
+
 void stats::read(const pool_figures& pool, arcpool_stats_t* out) const {
-#define ARCPOOL_STATS_READ_GAUGE_(name, doc)                        \
-  out->name##_current = static_cast<uint64_t>(current(stat::name)); \
-  out->name##_peak = static_cast<uint64_t>(peak(stat::name));
+#define ARCPOOL_STATS_READ_GAUGE_(name, doc) \
+  read_gauge(stat::name, &out->name##_current, &out->name##_peak);
 #define ARCPOOL_STATS_READ_COUNTER_(name, doc) out->name = static_cast<uint64_t>(sum(stat::name));
   ARCPOOL_STATS_GAUGES(ARCPOOL_STATS_READ_GAUGE_)
   ARCPOOL_STATS_COUNTERS(ARCPOOL_STATS_READ_COUNTER_)

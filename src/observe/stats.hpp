@@ -46,9 +46,10 @@ enum gauge : size_t {
 /// owned_cache_free), which current() and the flushes count for three gauges. A gauge has a
 /// high-water mark. Each shard accumulates its changes and flushes them to the gauge's total once
 /// they exceed the gauge's threshold either way, where the peak is raised. current() is exact;
-/// peak() may miss a rise shorter than the unflushed amounts (at most the threshold per thread). A
-/// flush of bytes_in_use, allocations_in_use or bytes_cached flushes all three and the moves, so
-/// the peaks of the count and the bytes are taken at the same moments. The thresholds are
+/// the peak read may miss a rise shorter than the unflushed amounts (at most the threshold per
+/// thread), and is never below the current value read with it (read_gauge). A flush of
+/// bytes_in_use, allocations_in_use or bytes_cached flushes all three and the moves, so the
+/// peaks of the count and the bytes are taken at the same moments. The thresholds are
 /// constants, so that the fast path compares against an immediate, except bytes_held's, which a
 /// hard limit sets to 0: a threshold of 0 makes every change exact (the graph gauges' too).
 class stats {
@@ -165,9 +166,8 @@ class stats {
     totals_[stat::bytes_held].threshold.store(0, std::memory_order_relaxed);
   }
 
-  /// A gauge's exact current value, and its high-water mark.
+  /// A gauge's exact current value (once the updating threads are quiescent).
   int64_t current(stat::gauge g) const noexcept;
-  int64_t peak(stat::gauge g) const noexcept;
   /// A counter's sum, with the internal counters that count for it; exact once the updating
   /// threads are quiescent.
   int64_t sum(stat::counter c) const noexcept;
@@ -180,6 +180,8 @@ class stats {
   void reset_peaks() noexcept;
 
  private:
+  /// Gauge `g`'s current value and peak, as read() reports them.
+  void read_gauge(stat::gauge g, uint64_t* current_out, uint64_t* peak_out) const noexcept;
   /// The gauges the fast path's moves count for, flushed together (flush_in_use).
   static constexpr bool in_use_gauge(stat::gauge g) noexcept {
     return g == stat::bytes_in_use || g == stat::allocations_in_use || g == stat::bytes_cached;
