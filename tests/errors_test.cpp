@@ -329,6 +329,22 @@ TEST_P(OutOfMemory, TheHardLimitIsEnforcedAndTheAllocatorStaysUsable) {
   }
 }
 
+TEST_P(OutOfMemory, AHardLimitBeyondWhatTheHeldBytesCountCanHoldLimitsNothing) {
+  // SIZE_MAX, a caller's "no limit", is past the int64_t the held bytes count in: it limits
+  // nothing (it refused every allocation once taken as a negative count).
+  EXPECT_OK(arcpool_allocator_set_hard_limit(alloc_, SIZE_MAX));
+  arcpool_allocation_t* a = allocate(2 * kBytes, s_);
+  arcpool_allocation_t* b = allocate(2 * kBytes, s_);  // past the fixture's limit of 3
+  EXPECT_NE(nullptr, a) << arcpool_last_error();
+  EXPECT_NE(nullptr, b) << arcpool_last_error();
+  EXPECT_EQ(0, callbacks_.load());
+  for (auto* h : {a, b}) {
+    if (h == nullptr) continue;
+    EXPECT_OK(arcpool_deallocate_async(h, s_, 0));
+    arcpool_allocation_release(h);
+  }
+}
+
 TEST_P(OutOfMemory, PendingReclaimsCompleteBeforeOutOfMemoryIsReported) {
   arcpool_stream_t busy = make_stream();
   arcpool_allocation_t* a = allocate(2 * kBytes, s_);

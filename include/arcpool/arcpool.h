@@ -196,7 +196,7 @@ typedef struct arcpool_allocator_options_t {
    * device's limit. */
   size_t max_pool_bytes;
   /** Hard limit on bytes held by this allocator (live plus awaiting their free), enforced by
-   * arcpool's own counter. Default 0: none. */
+   * arcpool's own counter. Default 0: none (nor does a limit past INT64_MAX limit anything). */
   size_t hard_limit_bytes;
   /** Owned pools: IPC handle types (cudaMemAllocationHandleType bits), checked against what the
    * device supports. Default 0. */

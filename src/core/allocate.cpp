@@ -1,5 +1,7 @@
 // Allocation (design.md §3, §7): the fast path's cache hit, the pool with its out-of-memory
 // retry, and imports.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <new>
 
@@ -51,8 +53,10 @@ void* allocator::align_up(void* p, size_t alignment) {
 
 arcpool_status_t allocator::try_pool_allocate(size_t bytes, const stream_ref& s, void** out) {
   if (const size_t limit = hard_limit_.load(std::memory_order_relaxed); limit != 0) {
-    if (!stats_.try_add(stat::bytes_held, static_cast<int64_t>(bytes),
-                        static_cast<int64_t>(limit))) {
+    // Held bytes count in an int64_t: a limit past it (SIZE_MAX, a caller's "no limit") limits
+    // nothing more than INT64_MAX does.
+    const auto counted_limit = static_cast<int64_t>(std::min<size_t>(limit, INT64_MAX));
+    if (!stats_.try_add(stat::bytes_held, static_cast<int64_t>(bytes), counted_limit)) {
       return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached", limit);
     }
   } else {
