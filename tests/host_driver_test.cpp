@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <memory>
 #include <thread>
 
 #include "drivers/driver.hpp"
@@ -56,6 +58,37 @@ class HostDriver : public ::testing::Test {
   arcpool_stream_t b_ = nullptr;
   detail::event_handle e_ = nullptr;
 };
+
+TEST_F(HostDriver, SettleWaitsOutAWaitThatCanEndWithoutFollowingItsStream) {
+  // b's worker is in a wait on a that can end already, and takes 300 ms to leave it (as a
+  // worker descheduled after its event completed); a waits on b's work after that. settle(a)
+  // follows a's wait to b, and must wait b's out there, not follow it back to a: that led back
+  // to b, a level deeper each time, until the stack ran out.
+  const std::shared_ptr<detail::host_stream> a = detail::host_stream_find(a_);
+  const std::shared_ptr<detail::host_stream> b = detail::host_stream_find(b_);
+  ASSERT_NE(nullptr, a);
+  ASSERT_NE(nullptr, b);
+  auto b_in_wait = std::make_shared<std::atomic<bool>>(false);
+  auto b_done = std::make_shared<std::atomic<bool>>(false);
+  b->enqueue([weak_a = std::weak_ptr<detail::host_stream>(a), b_in_wait, b_done] {
+    {
+      detail::host_work_blocking blocking(weak_a, [] { return true; });
+      *b_in_wait = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    *b_done = true;
+  });
+  while (!b_in_wait->load())
+    std::this_thread::yield();
+  a->enqueue([weak_b = std::weak_ptr<detail::host_stream>(b), b_done] {
+    detail::host_work_blocking blocking(weak_b, [b_done] { return b_done->load(); });
+    while (!b_done->load())
+      std::this_thread::yield();
+  });
+  a->settle();
+  EXPECT_TRUE(b_done->load()) << "settle returned while a waited on b, which could progress";
+  a->synchronize();
+}
 
 TEST_F(HostDriver, AWaitCapturesTheEventsRecordAtTheCall) {
   auto a_open = hold(a_);

@@ -195,10 +195,16 @@ void host_stream::settle() {
       unblocked = unblocked_;
       epoch = block_epoch_;
     }
-    // Blocked on another stream: let it run as far as it can. If the wait still cannot end,
-    // nothing but the test can unblock this stream.
-    if (on) on->settle();
-    if (!unblocked()) return;
+    // Blocked on another stream: let it run as far as it can, unless the wait can end already
+    // (its worker has not left it yet). If the wait still cannot end, nothing but the test can
+    // unblock this stream. Only an unended wait is followed: it waits on an event recorded
+    // before it, so the chain it starts goes back in time and ends. A satisfied one could lead
+    // back here (that stream waited on this one's earlier event) for as long as its worker
+    // takes to leave it, each time a level deeper, until the stack ran out.
+    if (!unblocked()) {
+      if (on) on->settle();
+      if (!unblocked()) return;
+    }
     // The wait ends: let the worker leave it, then settle again.
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [&] { return !blocked_ || block_epoch_ != epoch; });
