@@ -170,27 +170,27 @@ arcpool_stats_t stats_of(arcpool_allocator_t* alloc) {
   return st;
 }
 
-/// Calls `deallocate` (of `a`) again and again, each attempt letting one more of arcpool's
-/// throwing allocations through before it refuses the next: wherever the refusal lands, the
-/// attempt must fail with OUT_OF_MEMORY and leave `a` as it was, until one needs no more than
-/// it was let through and succeeds. At least one attempt must have been refused.
-template <typename Deallocate>
-void expect_refused_deallocations_change_nothing(arcpool_allocation_t* a, Deallocate deallocate) {
+/// Calls `call` (`what`) again and again, each attempt letting one more of arcpool's throwing
+/// allocations through before it refuses the next: wherever the refusal lands, the attempt must
+/// fail with OUT_OF_MEMORY, and `after_refusal(passed)` checks that it changed nothing, until
+/// one needs no more than it was let through and succeeds. At least one attempt must have been
+/// refused.
+template <typename Call, typename Check>
+void expect_refused_calls_change_nothing(const char* what, Call call, Check after_refusal) {
   int refusals = 0;
   for (int passed = 0;; ++passed) {
-    ASSERT_LT(passed, 100) << "the deallocation kept failing";
+    ASSERT_LT(passed, 100) << what << " kept failing";
     const int failed_before = g_throwing_news.failed.load();
     g_throwing_news.to_pass = passed;
     g_throwing_news.to_fail = 1;
-    const arcpool_status_t status = deallocate();
+    const arcpool_status_t status = call();
     g_throwing_news.to_fail = 0;
     g_throwing_news.to_pass = 0;
     if (status == ARCPOOL_STATUS_SUCCESS) break;
     ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
     ASSERT_EQ(failed_before + 1, g_throwing_news.failed.load()) << "failed without a refusal";
-    ASSERT_EQ(1, arcpool_allocation_is_terminal(a))
-        << "a deallocation that failed for host memory changed the allocation (refused after "
-        << passed << " allocations)";
+    after_refusal(passed);
+    if (::testing::Test::HasFatalFailure()) return;
     ++refusals;
   }
   EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
@@ -631,8 +631,14 @@ TEST(HostMemoryExhaustion, ADeferredFreeTheHostHasNoMemoryForFailsAndLosesNothin
   arcpool_allocation_t* a = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(h.alloc, kBytes, 0, h.from, 0, &a))
       << arcpool_last_error();
-  ASSERT_NO_FATAL_FAILURE(expect_refused_deallocations_change_nothing(
-      a, [&] { return arcpool_deallocate_async(a, h.to, ARCPOOL_DEALLOCATE_FLAG_DEFERRED); }));
+  ASSERT_NO_FATAL_FAILURE(expect_refused_calls_change_nothing(
+      "the deallocation",
+      [&] { return arcpool_deallocate_async(a, h.to, ARCPOOL_DEALLOCATE_FLAG_DEFERRED); },
+      [&](int passed) {
+        ASSERT_EQ(1, arcpool_allocation_is_terminal(a))
+            << "a deallocation that failed for host memory changed the allocation"
+            << " (refused after " << passed << " allocations)";
+      }));
   arcpool_allocation_release(a);
   EXPECT_EQ(2u, h.stats().deferred_frees);
 
@@ -757,19 +763,9 @@ TEST(HostMemoryExhaustion, ADefaultAllocatorTheTableHasNoRoomForKeepsNoReference
   if (!arcpool::test::on_simcuda()) GTEST_SKIP() << "counts the pools with simcuda's counters";
   arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_CUDA);
   ASSERT_NE(nullptr, alloc);
-  int refusals = 0;
-  for (int passed = 0;; ++passed) {
-    ASSERT_LT(passed, 100) << "setting the default allocator kept failing";
-    g_throwing_news.to_pass = passed;
-    g_throwing_news.to_fail = 1;
-    const arcpool_status_t status = arcpool_default_allocator_set(0, alloc);
-    g_throwing_news.to_fail = 0;
-    g_throwing_news.to_pass = 0;
-    if (status == ARCPOOL_STATUS_SUCCESS) break;
-    ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
-    ++refusals;
-  }
-  EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
+  ASSERT_NO_FATAL_FAILURE(expect_refused_calls_change_nothing(
+      "setting the default allocator", [&] { return arcpool_default_allocator_set(0, alloc); },
+      [](int) {}));  // what a refusal changed shows at the end: the pool goes with the handle
   EXPECT_OK(arcpool_default_allocator_set(0, nullptr));
   const uint64_t destroyed = arcpool::test::simcuda_calls("cudaMemPoolDestroy");
   arcpool_allocator_destroy(alloc);
@@ -845,20 +841,11 @@ TEST(HostMemoryExhaustion, AnIpcSendTheHostHasNoMemoryToRecordKeepsNoClaim) {
   arcpool_allocation_t* h = nullptr;
   ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(x.alloc, kBytes, 0, x.s, 0, &h))
       << arcpool_last_error();
-  int refusals = 0;
-  for (int passed = 0;; ++passed) {
-    ASSERT_LT(passed, 100) << "the send kept failing";
-    g_throwing_news.to_pass = passed;
-    g_throwing_news.to_fail = 1;
-    const arcpool_status_t status = arcpool_ipc_send(x.e, h);
-    g_throwing_news.to_fail = 0;
-    g_throwing_news.to_pass = 0;
-    if (status == ARCPOOL_STATUS_SUCCESS) break;
-    ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
-    EXPECT_EQ(0u, arcpool::test::outstanding(x.e)) << "a refused send was recorded";
-    ++refusals;
-  }
-  EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
+  ASSERT_NO_FATAL_FAILURE(expect_refused_calls_change_nothing(
+      "the send", [&] { return arcpool_ipc_send(x.e, h); },
+      [&](int) {
+        EXPECT_EQ(0u, arcpool::test::outstanding(x.e)) << "a refused send was recorded";
+      }));
   EXPECT_OK(arcpool_allocation_discard_and_release(h));  // the sent claim is the last
   x.let_child_exit();
   EXPECT_TRUE(arcpool::test::eventually([&] { return arcpool::test::outstanding(x.e) == 0; }));
