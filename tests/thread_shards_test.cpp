@@ -1,5 +1,6 @@
 // The per-thread shards that statistics and record counts are kept in (support/shards.hpp): a
-// thread that owns a slot writes it with plain stores, so no other thread may write it as well.
+// thread that owns a slot writes it with plain stores, so no other thread may write it as well;
+// and the count of live records, whose zero the janitor trusts while threads still count.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -46,6 +47,43 @@ TEST(ThreadShards, ACounterKeepsTheCountsOfAThreadsExitDestructors) {
     counter.add(1);
   }).join();
   EXPECT_EQ(counter.sum(), 2);
+}
+
+TEST(LiveCount, ReadsNoZeroWhenAnObjectMadeAfterItsShardWasReadOutlivesOneRemovedLater) {
+  // One object live, counted in a slot read after this thread's. While zero() reads, this
+  // thread's slot, read already, gains a racing object, and the first object goes from the
+  // later slot: one object is live throughout, though the shards read add up to nothing.
+  const shard_slot mine = thread_shard();
+  if (mine.index + 1 >= kShards) GTEST_SKIP() << "this thread counts in the last slot";
+  const size_t first = mine.index;
+  const size_t last = mine.index + 1;
+  live_count count;
+  count.add(shard_slot{last, false}, 1);
+  bool raced = false;
+  const bool zero = count.zero([&](size_t read) {
+    if (read == first && !raced) {
+      raced = true;
+      count.add_racing();  // in this thread's slot, read already
+      count.remove_release(shard_slot{last, false});
+    }
+  });
+  ASSERT_TRUE(raced);
+  EXPECT_FALSE(zero) << "a live object read as none";
+  EXPECT_FALSE(count.zero());
+  count.remove_release(mine);
+  EXPECT_TRUE(count.zero());
+}
+
+TEST(LiveCount, ReadsZeroOnceEveryObjectIsGoneOnWhicheverThreadsTheyCameAndWent) {
+  live_count count;
+  EXPECT_TRUE(count.zero());
+  std::thread([&] {
+    count.add();
+    count.add_racing();
+  }).join();
+  EXPECT_FALSE(count.zero());
+  count.remove_release(thread_shard(), 2);
+  EXPECT_TRUE(count.zero());
 }
 
 }  // namespace

@@ -40,17 +40,20 @@ class allocator {
   /// reclaims).
   void release() noexcept;
 
-  /// An allocation record was created / destroyed (counted in the shard `slot`).
-  /// record_destroyed must be the record's last touch of the allocator.
+  /// An allocation record was created through a handle of this allocator / destroyed (counted
+  /// in the shard `slot`). record_destroyed must be the record's last touch of the allocator.
   void record_created() noexcept { records_.add(1); }
+  /// A record was created through a live record, with or without a handle left: the janitor
+  /// may be summing the records while it is made (live_count::add_racing).
+  void record_created_through_a_record() noexcept { records_.add_racing(); }
   void record_destroyed(shard_slot slot = thread_shard()) noexcept {
     // Read before the decrement: after it, the janitor may delete the allocator at any time.
     const bool closing = closing_.load(std::memory_order_seq_cst);
-    records_.add_release(slot, -1);
+    records_.remove_release(slot);
     if (closing) janitor_wake();
   }
   /// No handle and no record left: the janitor may delete it.
-  bool quiescent() const noexcept { return records_.sum_acquire() == 0; }
+  bool quiescent() const noexcept { return records_.zero(); }
   /// Deletes a quiescent allocator (the janitor's, or release's when nothing is left).
   static void destroy(allocator* a) noexcept { delete a; }
   /// The janitor's link to the next allocator it holds (janitor.cpp): holding one allocates
@@ -135,7 +138,7 @@ class allocator {
       // No destructor call: holds_nothing() shows it would release nothing, and nothing
       // depends on its side effects ([basic.life]/5).
       ts.records.push(a);
-      records_.add_release(shard_slot{ts.slot.index, true}, -1);
+      records_.remove_release(shard_slot{ts.slot.index, true});
       return;
     }
     free_at_last_reference(a);
@@ -157,9 +160,10 @@ class allocator {
   void prepare_posted_task() { reclaimer_.start(); }
   /// A user object now holds `task` (after prepare_posted_task), which its destructor will
   /// post (post_task): takes the record that keeps the allocator alive through that post.
-  /// Allocates nothing, so that it cannot fail once the user object is armed.
+  /// Allocates nothing, so that it cannot fail once the user object is armed. Its callers act
+  /// through a live record (a deallocation, a graph pool's binding), with or without a handle.
   void await_posted_task() noexcept {
-    record_created();
+    record_created_through_a_record();
     reclaimer_.expect_post();
   }
   /// From a user object's destructor (CUDA's internal thread, which may neither call CUDA nor
@@ -436,7 +440,7 @@ class allocator {
   arcpool_status_t ambient_stream(stream_handle* out, bool* synchronize);
 
   refcount refs_{1};
-  sharded_counter records_;            ///< live allocation records, per thread shard
+  live_count records_;                 ///< live allocation records, per thread shard
   std::atomic<bool> closing_{false};   ///< no handle left
   allocator* janitor_link_ = nullptr;  ///< under the janitor's lock
   const allocator_config config_;

@@ -300,8 +300,9 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   auto* gate = new (std::nothrow) graph_gate(*this, std::move(item));
   if (gate == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a free");
   // The ownership change cannot fail now (deallocate checked it under this record's lock), so
-  // it follows the one call that can: a failed defer leaves the allocation as it was.
-  record_created();
+  // it follows the one call that can: a failed defer leaves the allocation as it was. The
+  // allocator may have no handle left (its janitor summing the records now): a is live.
+  record_created_through_a_record();
   if (arcpool_status_t status = driver_->graph_defer(capture.graph, &graph_gate::open, gate);
       status != ARCPOOL_STATUS_SUCCESS) {
     delete gate;

@@ -78,4 +78,52 @@ class sharded_counter {
   padded<std::atomic<int64_t>> shards_[kShards];
 };
 
+/// A count of live objects, per thread shard, whose zero a reader can trust while other
+/// threads still count. A sum reads the shards one after another, so an addition in a shard it
+/// has read already, followed by a removal in one it reads later, would read as zero with an
+/// object still live. Additions ordered before every read (through the object's owner: a handle
+/// the reader's caller released) need nothing more. Additions that may race a read (made
+/// through a live object, such as a deallocation that makes a record for a graph's deferred
+/// free) go through add_racing, which also counts them in a generation that zero() reads before
+/// and after its sum.
+class live_count {
+ public:
+  /// Adds `n` through the calling thread's slot `s`, ordered before every zero() that can
+  /// follow it.
+  void add(shard_slot s, int64_t n) noexcept { shard_add(shards_[s.index].value, n, s.exclusive); }
+  void add(int64_t n = 1) noexcept { add(thread_shard(), n); }
+  /// Adds one object that may be made while a zero() reads: counted, then published in the
+  /// generation (release: a zero() that reads the new generation sees the count too).
+  void add_racing() noexcept {
+    add(1);
+    racing_.fetch_add(1, std::memory_order_release);
+  }
+  /// Removes `n`, with release order: the caller's earlier writes happen before a zero() that
+  /// sees this change.
+  void remove_release(shard_slot s, int64_t n = 1) noexcept {
+    shard_add(shards_[s.index].value, -n, s.exclusive, std::memory_order_release);
+  }
+  /// Whether no object is live. A racing addition that this sum missed came after the first
+  /// read of the generation (it was published after its count), and one whose object is gone
+  /// already, when a later shard read its removal, came before the second: the generations
+  /// differ. `after_read(i)` runs after shard i is read (a test's seam; nothing otherwise).
+  template <class AfterRead>
+  bool zero(AfterRead&& after_read) const noexcept {
+    const uint64_t generation = racing_.load(std::memory_order_acquire);
+    int64_t total = 0;
+    for (size_t i = 0; i < kShards; ++i) {
+      total += shards_[i].value.load(std::memory_order_acquire);
+      after_read(i);
+    }
+    return total == 0 && racing_.load(std::memory_order_acquire) == generation;
+  }
+  bool zero() const noexcept {
+    return zero([](size_t) {});
+  }
+
+ private:
+  padded<std::atomic<int64_t>> shards_[kShards];
+  std::atomic<uint64_t> racing_{0};  ///< additions made through add_racing
+};
+
 }  // namespace arcpool::detail
