@@ -16,6 +16,7 @@
 //   allocating.
 // - A stream's destruction: once it retired the stream, it allocates nothing.
 // - A stream's creation refused its entry: the CUDA stream it made goes again.
+// - An allocator's creation refused after it made its pool: the pool goes again.
 // - A default allocator set without room in the table: the table keeps no reference to it.
 // - Pool memory shared with another process (the other process is this binary again, on the
 //   CUDA driver): a send refused its record keeps no claim; an exporter refused its watcher's
@@ -751,6 +752,32 @@ TEST(HostMemoryExhaustion, AStreamWhoseEntryTheHostHasNoMemoryForIsDestroyedAgai
   EXPECT_EQ(1u, made) << "no stream was made: the test proves nothing";
   EXPECT_EQ(made, arcpool::test::simcuda_calls("cudaStreamDestroy") - destroyed)
       << "the stream made for the refused entry was not destroyed";
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AnAllocatorThatCannotBeMadeDestroysThePoolItMade) {
+  // arcpool_allocator_create makes its owned pool, then the driver that holds it and the
+  // allocator around it: refused any of those, each attempt fails with OUT_OF_MEMORY and
+  // destroys the pool it made. Counted with simcuda's call counters.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  if (!arcpool::test::on_simcuda()) GTEST_SKIP() << "counts the pools with simcuda's counters";
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_CUDA;
+  arcpool_allocator_t* alloc = nullptr;
+  uint64_t created = arcpool::test::simcuda_calls("cudaMemPoolCreate");
+  uint64_t destroyed = arcpool::test::simcuda_calls("cudaMemPoolDestroy");
+  ASSERT_NO_FATAL_FAILURE(expect_refused_calls_change_nothing(
+      "creating an allocator", [&] { return arcpool_allocator_create(&options, &alloc); },
+      [&](int passed) {
+        EXPECT_EQ(nullptr, alloc);
+        const uint64_t made = arcpool::test::simcuda_calls("cudaMemPoolCreate") - created;
+        EXPECT_EQ(made, arcpool::test::simcuda_calls("cudaMemPoolDestroy") - destroyed)
+            << "a creation refused after " << passed << " allocations kept its pool";
+        created = arcpool::test::simcuda_calls("cudaMemPoolCreate");
+        destroyed = arcpool::test::simcuda_calls("cudaMemPoolDestroy");
+      }));
+  ASSERT_NE(nullptr, alloc);
   arcpool_allocator_destroy(alloc);
 }
 

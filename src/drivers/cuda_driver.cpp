@@ -568,9 +568,17 @@ std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_st
       break;
   }
   if (*status != ARCPOOL_STATUS_SUCCESS) return nullptr;
-  return std::make_unique<cuda_driver>(config.device, std::move(context), pool,
-                                       config.pool_source == ARCPOOL_POOL_OWNED,
-                                       config.ipc_handle_types);
+  const bool owned = config.pool_source == ARCPOOL_POOL_OWNED;
+  try {
+    return std::make_unique<cuda_driver>(config.device, std::move(context), pool, owned,
+                                         config.ipc_handle_types);
+  } catch (const std::bad_alloc&) {
+    // The driver destroys the pool it owns; without host memory for it, the pool goes here
+    // (under the device and capture-mode guards above).
+    if (owned) discard(cudaMemPoolDestroy(pool));
+    *status = fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for the CUDA driver");
+    return nullptr;
+  }
 }
 
 }  // namespace arcpool::detail
