@@ -30,7 +30,9 @@
 //   room made at the deallocation, so that it allocates nothing (and cannot end the process).
 // - A graph pool's block returned to the pool (freed, or taken by an allocation whose record
 //   could not be made): the pool's list has room for it, so that the return allocates nothing.
-//   A capture's binding to a graph pool: refused, it leaves the capture unbound and the pool
+//   A block returned by an allocation refused its record keeps the rule of where it may be
+//   lent again (the stream it was freed on, in its capture). A capture's binding to a graph
+//   pool: refused, it leaves the capture unbound and the pool
 //   without a reference. These run on the CUDA driver (graph pools build graphs), on a GPU or
 //   simcuda.
 //
@@ -1151,6 +1153,66 @@ TEST(HostMemoryExhaustion, AGraphAllocationWhoseRecordCannotBeMadeGivesItsBlockB
   EXPECT_LT(0, only_nothrow_refused) << "no attempt got past every throwing allocation to a "
                                         "refused nothrow one: the test proves nothing";
   ASSERT_NO_FATAL_FAILURE(g.end());
+  g.close();
+}
+
+TEST(HostMemoryExhaustion, ABlockAnAllocationWithoutARecordGaveBackKeepsItsBranch) {
+  // Freed on the capture's first stream, a graph pool's block is lent again only on that
+  // stream: another branch of the graph, not joined to it, is not ordered after the free. An
+  // allocation on the first stream that takes the block and is refused its record gives the
+  // block back under the same rule, so that the unjoined branch still gets another block.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  graph_pool_stream g;
+  ASSERT_NO_FATAL_FAILURE(g.open());
+  arcpool_stream_t branch = nullptr;
+  ASSERT_OK(arcpool_stream_create(g.alloc, &branch));
+  cudaStream_t const branch_cu = reinterpret_cast<cudaStream_t>(branch);
+  cudaEvent_t fork = nullptr, join = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  ASSERT_NO_FATAL_FAILURE(g.begin());
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(fork, g.cu()));
+  ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(branch_cu, fork, 0));
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, g.s, 0, &a));
+  void* block = nullptr;
+  ASSERT_OK(arcpool_allocation_data(a, &block));
+  ASSERT_OK(arcpool_deallocate_async(a, g.s, 0));
+  arcpool_allocation_release(a);
+  // On a thread of its own, whose record list is empty: its record comes from the heap, and
+  // each attempt refuses one more of its nothrow allocations until one is refused the record.
+  bool refused = false;
+  for (int q = 0; q < 3 && !refused && !HasFailure(); ++q) {
+    std::thread([&] {
+      g_scalar_news.to_pass = q;
+      g_scalar_news.to_fail = 1;
+      arcpool_allocation_t* b = nullptr;
+      const arcpool_status_t status = arcpool_allocate_async(g.alloc, kBytes, 0, g.s, 0, &b);
+      g_scalar_news.to_fail = 0;
+      g_scalar_news.to_pass = 0;
+      if (status == ARCPOOL_STATUS_SUCCESS) {  // the refusal came past the record: free it again
+        EXPECT_OK(arcpool_deallocate_async(b, g.s, 0));
+        arcpool_allocation_release(b);
+        return;
+      }
+      EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+      refused = true;
+    }).join();
+  }
+  ASSERT_TRUE(refused) << "no attempt was refused its record: the test proves nothing";
+  arcpool_allocation_t* other = nullptr;
+  ASSERT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, branch, 0, &other));
+  void* lent = nullptr;
+  EXPECT_OK(arcpool_allocation_data(other, &lent));
+  EXPECT_NE(block, lent) << "the unjoined branch was lent the block freed on the other stream";
+  ASSERT_OK(arcpool_deallocate_async(other, branch, 0));
+  arcpool_allocation_release(other);
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(join, branch_cu));
+  ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(g.cu(), join, 0));
+  ASSERT_NO_FATAL_FAILURE(g.end());
+  EXPECT_EQ(cudaSuccess, cudaEventDestroy(fork));
+  EXPECT_EQ(cudaSuccess, cudaEventDestroy(join));
+  EXPECT_OK(arcpool_stream_destroy(g.alloc, branch));
   g.close();
 }
 

@@ -92,9 +92,11 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
   // No stream cache either way (p.cacheable stays false): a cached block would be pool memory
   // inside the graph, or graph memory lent outside it.
   graph_pool* lender = size != 0 ? bound_pool(capture.id) : nullptr;
+  graph_pool::tag lent_from;  // where the block may be lent again, were it given back now
   if (lender != nullptr) {
     // A graph pool's block: pool memory reserved outside the capture.
-    ARCPOOL_RETURN_IF_ERROR(lender->take(padded, capture.id, origin.id, &p.base, &p.held_bytes));
+    ARCPOOL_RETURN_IF_ERROR(
+        lender->take(padded, capture.id, origin.id, &p.base, &p.held_bytes, &lent_from));
     p.placement_flags = ARCPOOL_PLACEMENT_FLAG_ASYNCHRONOUS | ARCPOOL_PLACEMENT_FLAG_GRAPH_POOL;
     p.made_by.lender = lender;
     lender->retain();
@@ -121,7 +123,8 @@ arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, u
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
     if (lender != nullptr) {
-      lender->give(p.base, p.held_bytes, graph_pool::tag{}, fence_list());
+      // Its fences completed before it was lent (graph_pool::take): none to keep.
+      lender->give(p.base, p.held_bytes, lent_from, fence_list());
       lender->release();
     } else if (p.base != nullptr) {
       driver_->pool_free(p.base, p.held_bytes, origin.handle);

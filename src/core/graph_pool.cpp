@@ -39,7 +39,7 @@ void graph_pool::release() noexcept {
 }
 
 arcpool_status_t graph_pool::take(size_t bytes, uint64_t capture, uint64_t stream, void** base,
-                                  size_t* held_bytes) {
+                                  size_t* held_bytes, tag* where) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     size_t best = free_.size();
@@ -55,6 +55,7 @@ arcpool_status_t graph_pool::take(size_t bytes, uint64_t capture, uint64_t strea
     if (best != free_.size()) {
       *base = free_[best].base;
       *held_bytes = free_[best].bytes;
+      *where = free_[best].where;
       free_[best] = std::move(free_.back());
       free_.pop_back();
       ++lent_;
@@ -75,6 +76,7 @@ arcpool_status_t graph_pool::take(size_t bytes, uint64_t capture, uint64_t strea
     return status;
   }
   *held_bytes = bytes;
+  *where = tag{};
   return ARCPOOL_STATUS_SUCCESS;
 }
 

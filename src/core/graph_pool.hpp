@@ -41,9 +41,10 @@ class graph_pool {
 
   /// A block of at least `bytes` for an allocation on stream `stream` in capture `capture`: a
   /// free block the tag rule allows, else a new one reserved from the allocator's pool, once
-  /// the free list has room for its return (OUT_OF_MEMORY, nothing reserved, if not).
+  /// the free list has room for its return (OUT_OF_MEMORY, nothing reserved, if not). `*where`:
+  /// the block's tag, under which an allocation that cannot keep it gives it back.
   arcpool_status_t take(size_t bytes, uint64_t capture, uint64_t stream, void** base,
-                        size_t* held_bytes);
+                        size_t* held_bytes, tag* where);
   /// Takes back a block lent out, free for what `where` allows. `fences`: the uses outside
   /// any capture that the block's final release waits for. Allocates nothing (its room was
   /// made when it was lent), so that it cannot fail after a deallocation committed.
