@@ -855,7 +855,7 @@ TEST_P(GraphPools, ABlockFreedInItsCaptureAfterTheBindingEndedGoesBackToThePool)
 // A dropped last reference cannot be refused: a block whose current stream captures a graph
 // its pool does not hear of waits for the pool's release. It was refused, and the block kept
 // its pool's reference for good: the pool, and the allocator it counts as a record of, leaked.
-TEST_P(GraphPools, ABlockDroppedInACaptureNotBoundToItsPoolGoesBackAtThePoolsRelease) {
+TEST_P(GraphPools, ABlockDroppedInACaptureNotBoundToItsPoolGoesBackOnceTheGraphIsGone) {
   arcpool_stream_t s = make_stream();
   cudaGraph_t first = nullptr;
   arcpool_allocation_t* out = capture_an_output(s, &first);
@@ -865,6 +865,63 @@ TEST_P(GraphPools, ABlockDroppedInACaptureNotBoundToItsPoolGoesBackAtThePoolsRel
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(first));
   release_pool_and_expect_all_back();
+}
+
+// The pool is told of the end of the graph a block was dropped in, though that capture is bound
+// to no pool: the graph may use the block at each launch, so that the block stays the pool's,
+// and reserved, until the graph is gone, also past the pool's release by the application. (At
+// that release it went back to the allocator's pool while the graph lived.)
+TEST_P(GraphPools, ABlockDroppedInACaptureNotBoundToItsPoolStaysReservedWhileTheGraphLives) {
+  arcpool_stream_t s = make_stream();
+  cudaGraph_t first = nullptr;
+  arcpool_allocation_t* out = capture_an_output(s, &first);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(first));
+  begin(s);  // a capture bound to no pool
+  fill_async(s, data(out), kBytes, 5);
+  arcpool_allocation_release(out);  // its owner leaked: the last reference frees it here
+  EXPECT_EQ(0u, stats().reclaim_failures);
+  cudaGraph_t graph = end(s);
+  ASSERT_NE(nullptr, graph);
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  EXPECT_EQ(kBytes, stats().graph_pool_bytes_current)
+      << "the block left the pool while the graph that uses it lives";
+  cudaGraphExec_t exec = instantiate(graph);
+  ASSERT_EQ(cudaSuccess, cudaGraphLaunch(exec, cu(s)));
+  sync(s);
+  EXPECT_EQ(cudaSuccess, cudaGraphExecDestroy(exec));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  EXPECT_TRUE(pools_released()) << "the graph is gone, and the pool with it";
+  finish_and_expect_nothing_held();
+}
+
+// A leaked block whose implicit free fails (a stream it is used on captures, so that arcpool
+// cannot fence that stream) is written off, as other memory whose implicit free fails: its pool
+// still goes at its release, and gives its other blocks back. (The block kept the pool's
+// reference, and with it the pool and its allocator, for ever.)
+TEST_P(GraphPools, ABlockWhoseImplicitFreeFailsIsWrittenOffAndItsPoolStillGoes) {
+  arcpool_stream_t s = make_stream(), user = make_stream();
+  begin(s);
+  bind(s);
+  arcpool_allocation_t* out = allocate(kBytes, s);  // the graph's output, kept after capture
+  arcpool_allocation_t* spare = allocate(2 * kBytes, s);
+  ASSERT_OK(arcpool_deallocate_async(spare, s, 0));
+  arcpool_allocation_release(spare);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  ASSERT_OK(arcpool_record_use(out, user));
+  begin(user);  // capturing: the free cannot fence it
+  const uint64_t failures = stats().reclaim_failures;
+  arcpool_allocation_release(out);  // its owner leaked: the last reference frees it, and fails
+  EXPECT_EQ(failures + 1, stats().reclaim_failures);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(user)));
+  EXPECT_EQ(3 * kBytes, stats().graph_pool_bytes_current);
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (stats().graph_pool_bytes_current != kBytes && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(kBytes, stats().graph_pool_bytes_current)
+      << "the pool kept its blocks: the written-off block held its reference";
+  finish_reclaims();
 }
 
 // A stream the bound capture forks to, which arcpool neither created nor registered (PyTorch's

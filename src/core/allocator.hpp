@@ -270,6 +270,10 @@ class allocator {
   /// Deallocates a graph pool's block: back to its pool, tagged for what may reuse it.
   arcpool_status_t return_to_graph_pool(allocation& a, const stream_ref& caller, bool force,
                                         bool implicit);
+  /// Makes `pool` hear when the graph of `capture` is gone (capture_ended, on the reclaim
+  /// worker), holding a reference of it until then. After prepare_posted_task. On failure
+  /// (no host memory, the driver's refusal), nothing changed.
+  arcpool_status_t tell_pool_of_graph_end(graph_pool& pool, const capture_info& capture);
   /// resolve_stream_slow for a capturing stream: only created and registered streams, found
   /// by handle (whether cudaStreamGetId is legal during capture is undocumented).
   arcpool_status_t resolve_capturing_stream(stream_handle s, stream_ref* out);

@@ -339,10 +339,11 @@ arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref
     // after this point, and captured edges put this point after the block's other streams.
     capture_info capture;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
-    if (!implicit && !a.lender()->hears_of(capture.id)) {
-      // Only a capture bound to the pool tells it when its graph is gone: in another, the
-      // block would stay tagged with that capture, lent to no one until the pool's release.
-      // (A dropped last reference cannot be refused: its block waits for that release.)
+    // Only a capture bound to the pool tells it when its graph is gone: in another, the block
+    // would stay tagged with that capture, lent to no one, and at the pool's release go back
+    // to the allocator's pool while that graph, which may use it, lives on.
+    const bool heard_of = a.lender()->hears_of(capture.id);
+    if (!heard_of && !implicit) {
       return fail(ARCPOOL_STATUS_UNSUPPORTED,
                   "deallocate of %s on stream %p: it is a graph pool's block, and the stream's "
                   "capture is not bound to that pool; free it in a capture bound to the pool or "
@@ -350,6 +351,13 @@ arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref
                   a.describe().c_str(), static_cast<void*>(caller.handle));
     }
     ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, caller, "deallocate"));
+    if (!heard_of) {
+      // A dropped last reference cannot be refused: the pool is told of this graph's end as a
+      // binding's is (lending the capture nothing), and holds the block until then. Where it
+      // cannot be told, the block is written off (free_at_last_reference).
+      prepare_posted_task();  // may throw (no host memory, no thread): counted, written off
+      ARCPOOL_RETURN_IF_ERROR(tell_pool_of_graph_end(*a.lender(), capture));
+    }
     where = graph_pool::tag{capture.id, caller.id};
   } else {
     // Outside captures: the pool's final release waits for these uses.
@@ -429,24 +437,27 @@ arcpool_status_t allocator::begin_graph_pool(graph_pool& pool, stream_handle s) 
     }
     graph_bindings_.push_back(graph_binding{capture.id, s, &pool, false});
   }
+  const arcpool_status_t status = tell_pool_of_graph_end(pool, capture);
+  if (status != ARCPOOL_STATUS_SUCCESS) unbind_capture(capture.id);
+  return status;
+}
+
+arcpool_status_t allocator::tell_pool_of_graph_end(graph_pool& pool, const capture_info& capture) {
   auto* gate = new (std::nothrow) capture_binding_gate(pool, capture.id);
-  arcpool_status_t status = gate == nullptr
-                                ? fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a binding")
-                                : pool.capture_bound(capture.id);
+  arcpool_status_t status =
+      gate == nullptr ? fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a graph's gate")
+                      : pool.capture_bound(capture.id);
   if (status == ARCPOOL_STATUS_SUCCESS) {
     pool.retain();  // the gate's, released when the graph is gone
     status = driver_->graph_defer(capture.graph, &capture_binding_gate::open, gate);
-    if (status != ARCPOOL_STATUS_SUCCESS) {
-      pool.capture_ended(capture.id);
-      pool.release();
-    } else {
+    if (status == ARCPOOL_STATUS_SUCCESS) {
       await_posted_task();
+      return status;
     }
+    pool.capture_ended(capture.id);
+    pool.release();
   }
-  if (status != ARCPOOL_STATUS_SUCCESS) {
-    delete gate;
-    unbind_capture(capture.id);
-  }
+  delete gate;
   return status;
 }
 

@@ -1,6 +1,7 @@
 // Deallocation (design.md §3, §4): fences, ownership transitions, the choice of route and
 // where the free runs, and the last reference.
 #include "core/allocator.hpp"
+#include "core/graph_pool.hpp"
 #include "observe/nvtx.hpp"
 #include "support/status.hpp"
 
@@ -432,7 +433,12 @@ void allocator::free_at_last_reference(allocation* a) noexcept {
         status = finish_on_current(*a, /*implicit=*/true, lock);
       } catch (const std::exception&) {
       }
-      if (status != ARCPOOL_STATUS_SUCCESS) stats_.count(stat::reclaim_failures);
+      if (status != ARCPOOL_STATUS_SUCCESS) {
+        stats_.count(stat::reclaim_failures);
+        // A graph pool's block stays in the allocator's pool as well, written off: its pool's
+        // reference goes, so that the pool, and then the allocator, can still be released.
+        if (graph_pool* lender = a->lender(); lender != nullptr && !a->ended()) lender->abandon();
+      }
       if (!lock.owns_lock()) lock.lock();
     }
     // Indeterminate lifetime: the memory goes back now, once its fences complete (the

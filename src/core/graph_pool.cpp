@@ -14,7 +14,8 @@ graph_pool::graph_pool(allocator& owner) : owner_(owner) {
 
 void graph_pool::release() noexcept {
   if (!refs_.decrement()) return;
-  // Every block is free now: each lent one held a reference. The reclaim worker gives them
+  // Every block is free now: each lent one held a reference (a written-off one is no longer
+  // the pool's: abandon). The reclaim worker gives them
   // back to the allocator's pool once their fences completed.
   for (block& b : free_) {
     owner_.stats_.sub(stat::graph_pool_bytes, static_cast<int64_t>(b.bytes));
@@ -120,6 +121,14 @@ void graph_pool::give(void* base, size_t held_bytes, tag where, fence_list fence
   b.where = where;
   b.fences = std::move(fences);
   free_.push_back(std::move(b));
+}
+
+void graph_pool::abandon() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --lent_;
+  }
+  release();
 }
 
 arcpool_status_t graph_pool::capture_bound(uint64_t capture) {

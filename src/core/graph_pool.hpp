@@ -49,6 +49,11 @@ class graph_pool {
   /// any capture that the block's final release waits for. Allocates nothing (its room was
   /// made when it was lent), so that it cannot fail after a deallocation committed.
   void give(void* base, size_t held_bytes, tag where, fence_list fences) noexcept;
+  /// Writes off a block lent out that cannot come back (a leaked allocation whose implicit
+  /// free failed): it stays reserved in the allocator's pool, counted in graph_pool_bytes, as
+  /// other memory whose implicit free failed stays in the pool; its reference goes. Allocates
+  /// nothing.
+  void abandon() noexcept;
   /// Capture `capture` is bound to the pool, which will hear (capture_ended) when its graph is
   /// gone, whether or not the application ended the binding first. OUT_OF_MEMORY, nothing
   /// changed, when the host has no memory to note it.
