@@ -398,11 +398,15 @@ TEST(IpcTwoImporters, TheExportersFreeWaitsForEveryImporter) {
 class IpcImporter : public ::testing::Test {
  protected:
   void start(const char* role, std::vector<std::string> env = {}) {
+    ASSERT_NO_FATAL_FAILURE(spawn(role, std::move(env)));
+    ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
+  }
+  /// start() without the importer: the child, the allocator and the stream.
+  void spawn(const char* role, std::vector<std::string> env = {}) {
     c = spawn_child(role, std::move(env));
     a = make_allocator(ARCPOOL_DRIVER_CUDA, ARCPOOL_POOL_OWNED, 0);
     ASSERT_NE(nullptr, a);
     ASSERT_OK(arcpool_stream_create(a, &s));
-    ASSERT_OK(arcpool_ipc_importer_create(a, c.socket, &im));
   }
   /// Drops import `h`, then the importer, the stream once its work ran and the allocator; closes
   /// the control socket and expects no simcuda violation.
@@ -453,6 +457,44 @@ TEST_F(IpcImporter, AKilledExporterLeavesTheImporterAClearStatus) {
   // The import is freed as usual; the release the dead exporter cannot hear is dropped. Its
   // on-free callback may run after this test, even at exit, and drop the allocator's last handle
   // there (design.md §10, "Exit").
+  end(h);
+}
+
+// Importing the exporter's pool, and giving this device access to it, runs in relaxed capture
+// mode, as creating a pool does (design.md §8): another thread's global capture stays intact.
+// simcuda warns for each pool call made unrelaxed (an unverified rule: CCCL refuses pool calls
+// to a capturing thread); on a GPU the capture would be invalidated if CUDA refused them.
+TEST_F(IpcImporter, ImportingThePoolLeavesAnotherThreadsGlobalCaptureIntact) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  ASSERT_NO_FATAL_FAILURE(spawn("ExporterSendsAndWaits"));
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  std::atomic<int> step{0};
+  cudaError_t ended = cudaErrorUnknown;
+  std::thread capturer([&] {
+    cudaSetDevice(0);
+    EXPECT_EQ(cudaSuccess, cudaStreamBeginCapture(other, cudaStreamCaptureModeGlobal));
+    step = 1;
+    while (step.load() != 2)
+      std::this_thread::yield();
+    cudaGraph_t graph = nullptr;
+    ended = cudaStreamEndCapture(other, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  });
+  while (step.load() != 1)
+    std::this_thread::yield();
+  const uint64_t warnings = simcuda_unverified_warnings();
+  const arcpool_status_t status = arcpool_ipc_importer_create(a, c.socket, &im);
+  const uint64_t after = simcuda_unverified_warnings();
+  step = 2;
+  capturer.join();
+  ASSERT_OK(status);
+  EXPECT_EQ(warnings, after) << "a pool call of the import ran unrelaxed";
+  EXPECT_EQ(cudaSuccess, ended) << "the import invalidated the other thread's capture";
+  EXPECT_EQ(cudaSuccess, cudaStreamDestroy(other));
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_ipc_receive(im, s, &h));
+  expect_filled(h, s, 0x77);
   end(h);
 }
 

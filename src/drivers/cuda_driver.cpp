@@ -411,6 +411,8 @@ class cuda_driver final : public driver {
   arcpool_status_t pool_import_fd(int fd, imported_pool* out) override {
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
+    // Making a pool and setting its access, as an owned pool's creation does (design.md §8).
+    relaxed_capture_guard relaxed;
     cudaMemPool_t pool = nullptr;
     ARCPOOL_RETURN_IF_ERROR(
         check(cudaMemPoolImportFromShareableHandle(&pool, reinterpret_cast<void*>(intptr_t{fd}),
@@ -418,7 +420,6 @@ class cuda_driver final : public driver {
               "cudaMemPoolImportFromShareableHandle"));
     if (const arcpool_status_t status = reach_imported_pool(pool);
         status != ARCPOOL_STATUS_SUCCESS) {
-      relaxed_capture_guard relaxed;
       discard(cudaMemPoolDestroy(pool));
       return status;
     }

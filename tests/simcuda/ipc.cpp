@@ -316,6 +316,7 @@ cudaError_t cudaMemPoolExportToShareableHandle(void* handle_out, cudaMemPool_t h
                                                cudaMemAllocationHandleType type,
                                                unsigned int flags) {
   SIMCUDA_ENTER("cudaMemPoolExportToShareableHandle");
+  check_unsafe_unverified("cudaMemPoolExportToShareableHandle");  // a pool call (CCCL)
   pool_obj* pool = find_pool(handle, "cudaMemPoolExportToShareableHandle");
   if (pool == nullptr || handle_out == nullptr || flags != 0) return ret(cudaErrorInvalidValue);
   // "To create an IPC capable mempool, create a mempool with a CUmemAllocationHandleType other
@@ -334,6 +335,7 @@ cudaError_t cudaMemPoolImportFromShareableHandle(cudaMemPool_t* pool_out, void* 
                                                  cudaMemAllocationHandleType type,
                                                  unsigned int flags) {
   SIMCUDA_ENTER("cudaMemPoolImportFromShareableHandle");
+  check_unsafe_unverified("cudaMemPoolImportFromShareableHandle");  // makes a pool (CCCL)
   if (pool_out == nullptr || flags != 0 || type != cudaMemHandleTypePosixFileDescriptor) {
     return ret(cudaErrorInvalidValue);
   }

@@ -925,6 +925,7 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t handle, size_t keep) {
 cudaError_t cudaMemPoolGetAccess(cudaMemAccessFlags* flags, cudaMemPool_t handle,
                                  cudaMemLocation* location) {
   SIMCUDA_ENTER("cudaMemPoolGetAccess");
+  check_unsafe_unverified("cudaMemPoolGetAccess");  // a pool call (CCCL)
   pool_obj* pool = resolve_pool(handle, "cudaMemPoolGetAccess");
   if (pool == nullptr || flags == nullptr || location == nullptr ||
       location->type != cudaMemLocationTypeDevice) {
@@ -955,6 +956,7 @@ cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
 cudaError_t cudaMemPoolSetAccess(cudaMemPool_t handle, const cudaMemAccessDesc* descs,
                                  size_t count) {
   SIMCUDA_ENTER("cudaMemPoolSetAccess");
+  check_unsafe_unverified("cudaMemPoolSetAccess");  // a pool call (CCCL)
   pool_obj* pool = resolve_pool(handle, "cudaMemPoolSetAccess");
   if (pool == nullptr || (descs == nullptr && count > 0)) return ret(cudaErrorInvalidValue);
   for (size_t i = 0; i < count; ++i) {
