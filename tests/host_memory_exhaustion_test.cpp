@@ -26,6 +26,8 @@
 // - A deferred free: its queue entry is made before the deallocation commits, so that a refusal
 //   anywhere leaves the allocation as it was; and a leaked allocation's implicit free, which
 //   cannot fail (the last reference's release), counts a refusal instead of ending the process.
+// - A deferred free completed on the reclaim worker, whose waits and free the host driver
+//   queues as host work: refused, it is written off and counted, and the worker goes on.
 // - A free deferred to a graph's end: the reclaim worker fences the streams that captured into
 //   room made at the deallocation, so that it allocates nothing (and cannot end the process).
 // - A graph pool's block returned to the pool (freed, or taken by an allocation whose record
@@ -1040,6 +1042,49 @@ TEST(IpcChild, DISABLED_ImporterReleasesWithoutHostMemory) {
   arcpool::test::report('b');
   arcpool::test::wait_for_parent();  // the exporter saw the release and the refusals
   g_throwing_news.to_fail = 0;
+}
+
+TEST(HostMemoryExhaustion, AFreeTheReclaimWorkerHasNoHostMemoryForIsCountedNotFatal) {
+  // A deferred free, completed on the reclaim worker once its fences did: on the host driver
+  // its wait and its free queue work on a host stream, which allocates. Refused, the free is
+  // written off and counted in reclaim_failures, as a failed CUDA call's is; the worker goes on.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_HOST);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t s = nullptr, t = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &s));
+  ASSERT_OK(arcpool_stream_create(alloc, &t));
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
+  // The free waits for the stream, held until the refusals are on: the worker completes it
+  // with them.
+  std::atomic<bool> go{false};
+  ASSERT_OK(arcpool_stream_launch_host_func(
+      alloc, s,
+      [](void* flag) {
+        while (!static_cast<std::atomic<bool>*>(flag)->load())
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      },
+      &go));
+  ASSERT_OK(arcpool_deallocate_async(a, t, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  ASSERT_OK(arcpool_allocation_release(a));
+  const uint64_t failures = stats_of(alloc).reclaim_failures;
+  g_throwing_news.to_fail = 1000000;
+  go = true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (stats_of(alloc).reclaim_failures == failures && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  g_throwing_news.to_fail = 0;
+  EXPECT_EQ(failures + 1, stats_of(alloc).reclaim_failures) << "the free was not refused";
+  // The worker still frees what it can.
+  ASSERT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
+  ASSERT_OK(arcpool_deallocate_async(a, t, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  ASSERT_OK(arcpool_allocation_release(a));
+  EXPECT_OK(arcpool_allocator_trim(alloc, 0));
+  EXPECT_EQ(0u, stats_of(alloc).bytes_pending_free_current);
+  EXPECT_EQ(failures + 1, stats_of(alloc).reclaim_failures);
+  EXPECT_OK(arcpool_stream_destroy(alloc, t));
+  EXPECT_OK(arcpool_stream_destroy(alloc, s));
+  arcpool_allocator_destroy(alloc);
 }
 
 /// An allocator on the CUDA driver (graph pools need it: it builds graphs), a stream of its

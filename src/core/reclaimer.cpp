@@ -1,6 +1,7 @@
 #include "core/reclaimer.hpp"
 
 #include <algorithm>
+#include <new>
 #include <utility>
 
 #include "support/process_exit.hpp"
@@ -239,26 +240,34 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
     return;
   }
   arcpool_status_t status = ARCPOOL_STATUS_UNSUPPORTED;
-  if (prefer_origin && item.origin.entry) {
-    status = item.origin.entry
-                 ->with_alive([&](stream_handle origin) {
-                   bool capturing = true;
-                   if (driver_.stream_is_capturing(origin, &capturing) != ARCPOOL_STATUS_SUCCESS ||
-                       capturing) {
-                     return ARCPOOL_STATUS_UNSUPPORTED;
-                   }
-                   return free_on(item, origin);
-                 })
-                 .value_or(ARCPOOL_STATUS_UNSUPPORTED);
-  }
-  if (status == ARCPOOL_STATUS_SUCCESS) {
-    if (item.routed_to_origin) stats_.count(stat::origin_routed_frees);
-  } else {
-    // Counted only when the origin was tried: a drain frees on the reclaim stream on purpose.
-    if (prefer_origin && item.routed_to_origin) stats_.count(stat::origin_fallbacks);
-    stream_handle s = nullptr;
-    status = reclaim_stream(&s);
-    if (status == ARCPOOL_STATUS_SUCCESS) status = free_on(item, s);
+  // The host driver makes streams and queues waits and frees as host work, which may find no
+  // host memory (std::bad_alloc), here on the worker or inside a drain: the free fails then,
+  // written off and counted as a failed CUDA call's is, and nothing escapes.
+  try {
+    if (prefer_origin && item.origin.entry) {
+      status =
+          item.origin.entry
+              ->with_alive([&](stream_handle origin) {
+                bool capturing = true;
+                if (driver_.stream_is_capturing(origin, &capturing) != ARCPOOL_STATUS_SUCCESS ||
+                    capturing) {
+                  return ARCPOOL_STATUS_UNSUPPORTED;
+                }
+                return free_on(item, origin);
+              })
+              .value_or(ARCPOOL_STATUS_UNSUPPORTED);
+    }
+    if (status == ARCPOOL_STATUS_SUCCESS) {
+      if (item.routed_to_origin) stats_.count(stat::origin_routed_frees);
+    } else {
+      // Counted only when the origin was tried: a drain frees on the reclaim stream on purpose.
+      if (prefer_origin && item.routed_to_origin) stats_.count(stat::origin_fallbacks);
+      stream_handle s = nullptr;
+      status = reclaim_stream(&s);
+      if (status == ARCPOOL_STATUS_SUCCESS) status = free_on(item, s);
+    }
+  } catch (const std::bad_alloc&) {
+    status = ARCPOOL_STATUS_OUT_OF_MEMORY;
   }
   if (status == ARCPOOL_STATUS_SUCCESS) {
     stats_.count(stat::frees);
