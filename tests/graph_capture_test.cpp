@@ -982,6 +982,25 @@ TEST_P(GraphPools, AStreamTheBoundCaptureForksToUsesThePoolThoughArcpoolDoesNotK
   destroy_app_stream(side);
 }
 
+// Such a stream cannot be registered while it captures: arcpool knows it then only by its
+// handle, and an entry under that name would be found by no one after the capture (unregister
+// answered "not registered"). Registered after the capture, it is known by its identity.
+TEST_P(GraphPools, AStreamTheBoundCaptureForksToIsRegisteredOnlyOutsideTheCapture) {
+  arcpool_stream_t s = make_stream(), side = make_app_stream();
+  begin(s);
+  bind(s);
+  edge(s, side);  // fork
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_stream_register(alloc_, side));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "register it before the capture"))
+      << arcpool_last_error();
+  edge(side, s);  // join
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  ASSERT_OK(arcpool_graph_pool_end(pool_, s));
+  ASSERT_OK(arcpool_stream_register(alloc_, side));
+  EXPECT_OK(arcpool_stream_unregister(alloc_, side));
+  destroy_app_stream(side);
+}
+
 // Without a graph pool bound to the capture, such a stream stays unknown while it captures.
 TEST_P(GraphPools, AStreamAnUnboundCaptureForksToIsRefused) {
   arcpool_stream_t s = make_stream(), side = make_app_stream();

@@ -231,6 +231,15 @@ arcpool_status_t allocator::register_stream(stream_handle s) {
                 static_cast<void*>(s));
   }
   if (ref.entry) return ARCPOOL_STATUS_SUCCESS;  // already known
+  if (ref.capture_scoped()) {
+    // Named by its handle for a capture only: its identity, cudaStreamGetId, is not asked
+    // during a capture (resolve_stream_slow), and an entry under the capture's name would be
+    // found by no one once the capture ended.
+    return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                "stream_register: stream %p is capturing a CUDA graph; register it before the "
+                "capture or after it",
+                static_cast<void*>(s));
+  }
   streams_.add(std::make_unique<stream_entry>(s, ref.id, /*created=*/false), stream_stats_);
   return ARCPOOL_STATUS_SUCCESS;
 }
