@@ -14,7 +14,8 @@
 // - A free by pointer that fails for host memory: the pointer stays recorded.
 // - An allocator's last handle released while a record lives: the janitor holds it without
 //   allocating.
-// - A stream's destruction: once it retired the stream, it allocates nothing.
+// - A stream's destruction: once it retired the stream, it allocates nothing; refused its final
+//   fence, it leaves the stream as it was, its cache open again.
 // - A stream's creation refused its entry: the CUDA stream it made goes again.
 // - An allocator's creation refused after it made its pool: the pool goes again.
 // - A default allocator set without room in the table: the table keeps no reference to it.
@@ -363,6 +364,45 @@ TEST(HostMemoryExhaustion, AStreamDestroyedWithoutHostMemoryGoesOrStaysAsItWas) 
     EXPECT_OK(arcpool_stream_destroy(alloc, s));
   }
   arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, AStreamWhoseFinalFenceTheHostHasNoMemoryForStaysAsItWas) {
+  // Destroying or unregistering a stream closes and flushes its cache, then records its final
+  // fence: refused the fence's record (a nothrow allocation; a new allocator's event pool has
+  // no fence to reuse), the call fails and the stream stays as it was, its cache open again.
+  // The null driver.
+  for (const bool created : {true, false}) {
+    SCOPED_TRACE(created ? "stream_destroy" : "stream_unregister");
+    arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+    ASSERT_NE(nullptr, alloc);
+    arcpool_stream_t s = reinterpret_cast<arcpool_stream_t>(uintptr_t{0x5000});
+    if (created) {
+      ASSERT_OK(arcpool_stream_create(alloc, &s));
+    } else {
+      ASSERT_OK(arcpool_stream_register(alloc, s));
+    }
+    auto retire = [&] {
+      return created ? arcpool_stream_destroy(alloc, s) : arcpool_stream_unregister(alloc, s);
+    };
+    const int refused_before = g_scalar_news.failed.load();
+    g_scalar_news.to_fail = 1;
+    const arcpool_status_t status = retire();
+    g_scalar_news.to_fail = 0;
+    ASSERT_EQ(refused_before + 1, g_scalar_news.failed.load()) << "nothing was refused";
+    EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+    const uint64_t hits_before = stats_of(alloc).cache_hits;
+    for (int i = 0; i < 2; ++i) {
+      arcpool_allocation_t* a = nullptr;
+      EXPECT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
+      if (a == nullptr) break;
+      EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+      arcpool_allocation_release(a);
+    }
+    EXPECT_EQ(hits_before + 1, stats_of(alloc).cache_hits)
+        << "the failed call left the stream's cache closed";
+    EXPECT_OK(retire());
+    arcpool_allocator_destroy(alloc);
+  }
 }
 
 TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {

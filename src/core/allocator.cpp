@@ -211,12 +211,7 @@ arcpool_status_t allocator::destroy_stream(stream_handle s) {
                 "stream %p was not created by this allocator (arcpool_stream_create)",
                 static_cast<void*>(s));
   }
-  // Before any call on it: the cache's frees and the final fence would land in the capture.
-  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(ref, "stream_destroy"));
-  flush_cache(ref.entry->cache(), s, /*close=*/true);
-  ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
-  stream_stats_.retire(&ref.entry->stats());
-  streams_.remove(ref.id);
+  ARCPOOL_RETURN_IF_ERROR(retire_stream(ref, "stream_destroy"));
   return driver_->stream_destroy(s);
 }
 
@@ -251,11 +246,28 @@ arcpool_status_t allocator::unregister_stream(stream_handle s) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "stream %p is not registered with this allocator",
                 static_cast<void*>(s));
   }
+  return retire_stream(ref, "stream_unregister");
+}
+
+arcpool_status_t allocator::retire_stream(const stream_ref& ref, const char* what) {
   // Before any call on it: the cache's frees and the final fence would land in the capture.
-  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(ref, "stream_unregister"));
-  flush_cache(ref.entry->cache(), s, /*close=*/true);
-  ARCPOOL_RETURN_IF_ERROR(ref.entry->retire(events_));
-  stream_stats_.retire(&ref.entry->stats());
+  ARCPOOL_RETURN_IF_ERROR(check_not_capturing(ref, what));
+  stream_entry& entry = *ref.entry;
+  // Closed first, so that no free lands in the cache after its flush and before the final
+  // fence; opened again if the fence cannot be recorded, the stream staying as it was.
+  flush_cache(entry.cache(), ref.handle, /*close=*/true);
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  try {
+    status = entry.retire(events_);
+  } catch (...) {
+    entry.cache().reopen();
+    throw;
+  }
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    entry.cache().reopen();
+    return status;
+  }
+  stream_stats_.retire(&entry.stats());
   streams_.remove(ref.id);
   return ARCPOOL_STATUS_SUCCESS;
 }

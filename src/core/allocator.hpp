@@ -383,6 +383,10 @@ class allocator {
   /// Gives the blocks of `cache` back to the pool on `s` (`close`: the stream is retiring);
   /// returns how many.
   size_t flush_cache(block_cache& cache, stream_handle s, bool close);
+  /// Retires the known stream `ref` (`what`: the public call, for messages): its cache flushed
+  /// and closed, its final fence recorded, its entry removed. On failure the stream stays as it
+  /// was, its cache open again.
+  arcpool_status_t retire_stream(const stream_ref& ref, const char* what);
   /// Gives the cached blocks of every live stream that is not capturing back to the pool
   /// (trim, out of memory, teardown); the legacy default stream's only with `include_legacy`.
   /// `synchronize`: waits until the frees ran, so that the pool can lend the blocks to any

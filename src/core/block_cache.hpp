@@ -75,6 +75,12 @@ class block_cache {
     return given;
   }
 
+  /// Takes puts again after a drain that closed the cache, when the stream's retirement failed.
+  void reopen() {
+    std::lock_guard<spinlock> lock(lock_);
+    closed_ = false;
+  }
+
   /// Bytes cached now.
   size_t bytes() {
     std::lock_guard<spinlock> lock(lock_);
