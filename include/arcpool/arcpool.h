@@ -756,8 +756,9 @@ ARCPOOL_API arcpool_status_t arcpool_graph_pool_end(arcpool_graph_pool_t* pool,
                                                     arcpool_stream_t stream);
 
 /** Drops the caller's reference. The pool's memory goes back to the allocator's pool once the
- * graphs of every capture bound to it are destroyed (with their instantiations and launches)
- * and every allocation lent from it is deallocated. NULL is a no-op. Never blocks. */
+ * graphs of every capture bound to it, or that one of its blocks was freed in, are destroyed
+ * (with their instantiations and launches) and every allocation lent from it is deallocated.
+ * NULL is a no-op. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* pool);
 
 /* ----------------------------------------------------------------------------------------- */

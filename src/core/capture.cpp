@@ -339,25 +339,18 @@ arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref
     // after this point, and captured edges put this point after the block's other streams.
     capture_info capture;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
-    // Only a capture bound to the pool tells it when its graph is gone: in another, the block
-    // would stay tagged with that capture, lent to no one, and at the pool's release go back
-    // to the allocator's pool while that graph, which may use it, lives on.
-    const bool heard_of = a.lender()->hears_of(capture.id);
-    if (!heard_of && !implicit) {
-      return fail(ARCPOOL_STATUS_UNSUPPORTED,
-                  "deallocate of %s on stream %p: it is a graph pool's block, and the stream's "
-                  "capture is not bound to that pool; free it in a capture bound to the pool or "
-                  "outside every capture",
-                  a.describe().c_str(), static_cast<void*>(caller.handle));
-    }
-    ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, caller, "deallocate"));
-    if (!heard_of) {
-      // A dropped last reference cannot be refused: the pool is told of this graph's end as a
-      // binding's is (lending the capture nothing), and holds the block until then. Where it
-      // cannot be told, the block is written off (free_at_last_reference).
-      prepare_posted_task();  // may throw (no host memory, no thread): counted, written off
+    if (!a.lender()->hears_of(capture.id)) {
+      // Only a capture bound to the pool tells it when its graph is gone: in another, the
+      // block would stay tagged with that capture, lent to no one, and at the pool's release go
+      // back to the allocator's pool while that graph, which may use it, lives on. The pool is
+      // told of this graph's end as of a binding's (lending the capture nothing), and holds
+      // the block until then: frameworks' free hooks cannot take a refusal, and a dropped last
+      // reference cannot be refused. Where it cannot be told, a free fails with nothing
+      // changed (a dropped last reference writes the block off: free_at_last_reference).
+      prepare_posted_task();  // may throw (no host memory, no thread): before anything changes
       ARCPOOL_RETURN_IF_ERROR(tell_pool_of_graph_end(*a.lender(), capture));
     }
+    ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, caller, "deallocate"));
     where = graph_pool::tag{capture.id, caller.id};
   } else {
     // Outside captures: the pool's final release waits for these uses.
