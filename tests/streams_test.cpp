@@ -284,6 +284,30 @@ TEST_P(Streams, AFreeFromAnotherThreadWaitsForThePerThreadStreamsAllocationAndTr
   arcpool_allocation_release(transferred);
 }
 
+/// A use another thread records of its per-thread default stream, the allocation's current
+/// stream, after more work queued there: a free made from here waits for that work too. (The
+/// record did nothing: the current stream's own order covers it, but not for a free from a
+/// thread that cannot name that stream.)
+TEST_P(Streams, AUseRecordedOfThePerThreadCurrentStreamOrdersAFreeFromAnotherThread) {
+  const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
+  arcpool_allocation_t* a = nullptr;
+  gate* held = nullptr;
+  std::thread([&] {
+    a = allocate(kBytes, per_thread);
+    held = &block(per_thread);  // work queued after the allocation
+    EXPECT_OK(arcpool_record_use(a, per_thread));
+  }).join();
+  ASSERT_NE(nullptr, a);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+  auto after = mark(s_);
+  settle(s_);
+  EXPECT_FALSE(after->reached()) << "freed before the work the use record covers";
+  held->open();
+  sync(s_);
+  EXPECT_TRUE(after->reached());
+  arcpool_allocation_release(a);
+}
+
 TEST_P(Streams, FencesComeFromARecycledEventPool) {
   arcpool_stream_t other = make_stream();
   arcpool_allocation_t* a = allocate(kBytes, s_);

@@ -539,7 +539,9 @@ ARCPOOL_API arcpool_status_t arcpool_transfer(arcpool_allocation_t* allocation,
  * Records that `stream` also uses the allocation: its deallocation (and any transfer) is
  * ordered after `stream`'s work. For a stream arcpool knows alive (created or registered) the
  * fence is taken at deallocation; for any other stream it is taken now, and later work on
- * that stream is not covered. Never blocks.
+ * that stream is not covered. A use of the current stream adds nothing, but for the calling
+ * thread's per-thread default stream, whose fence is taken again: frees from other threads,
+ * which cannot name that stream, then wait for the work queued on it so far. Never blocks.
  */
 ARCPOOL_API arcpool_status_t arcpool_record_use(arcpool_allocation_t* allocation,
                                                 arcpool_stream_t stream);

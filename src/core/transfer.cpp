@@ -98,7 +98,16 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(user.handle, &capturing));
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "record_use"));
-  if (user.id == a.current.id) return ARCPOOL_STATUS_SUCCESS;  // its order already covers it
+  if (user.id == a.current.id) {
+    // Its own order covers it, but for a per-thread default stream, which other threads cannot
+    // name: what they wait on is the fence taken when it was named (design.md §6), taken again
+    // now so that it covers the work queued there since.
+    if (user.kind != stream_kind::per_thread_default || capturing) return ARCPOOL_STATUS_SUCCESS;
+    fence_ref now;
+    ARCPOOL_RETURN_IF_ERROR(take_fence(user, &now));
+    a.current_fence = std::move(now);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   bool at_deallocation = true;
   fence_ref fence;
   if (capturing) {
