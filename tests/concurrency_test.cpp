@@ -167,6 +167,37 @@ TEST_P(Concurrency, ConcurrentDeallocationsAcceptExactlyOne) {
   EXPECT_EQ(20u, stats().frees);
 }
 
+/// Threads unregister one registered stream at once: exactly one call retires it, and the
+/// others are told the stream is not (or no longer) registered. (Each found the entry alive
+/// before any removed it, and every one succeeded.) The same claim keeps racing destroys of a
+/// created stream from destroying it twice, but those pass a handle that may be gone already,
+/// which CUDA does not allow: the application's part, so not tested here.
+TEST_P(Concurrency, ConcurrentUnregistrationsOfAStreamAcceptExactlyOne) {
+  arcpool_stream_t app = make_app_stream();
+  for (int trial = 0; trial < 200; ++trial) {
+    ASSERT_OK(arcpool_stream_register(alloc_, app));
+    std::atomic<int> accepted{0};
+    std::atomic<int> refused{0};
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        ready.fetch_add(1);
+        while (ready.load() != 4)
+          std::this_thread::yield();
+        const arcpool_status_t status = arcpool_stream_unregister(alloc_, app);
+        if (status == ARCPOOL_STATUS_SUCCESS) accepted.fetch_add(1);
+        if (status == ARCPOOL_STATUS_INVALID_ARGUMENT) refused.fetch_add(1);
+      });
+    }
+    for (auto& th : threads)
+      th.join();
+    ASSERT_EQ(1, accepted.load()) << "trial " << trial;
+    ASSERT_EQ(3, refused.load()) << "trial " << trial;
+  }
+  destroy_app_stream(app);
+}
+
 /// By pointer, as frameworks call: threads allocate on their own streams and free one another's
 /// pointers, exact or interior, through the sharded by-pointer map. Every free finds its
 /// allocation once, and the counts add up.

@@ -253,18 +253,28 @@ arcpool_status_t allocator::retire_stream(const stream_ref& ref, const char* wha
   // Before any call on it: the cache's frees and the final fence would land in the capture.
   ARCPOOL_RETURN_IF_ERROR(check_not_capturing(ref, what));
   stream_entry& entry = *ref.entry;
+  if (!entry.claim_retirement()) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "%s: stream %p is being retired by another call, or was (destroyed or "
+                "unregistered)",
+                what, static_cast<void*>(ref.handle));
+  }
   // Closed first, so that no free lands in the cache after its flush and before the final
   // fence; opened again if the fence cannot be recorded, the stream staying as it was.
   flush_cache(entry.cache(), ref.handle, /*close=*/true);
+  auto stays = [&] {
+    entry.cache().reopen();
+    entry.give_retirement_back();
+  };
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
   try {
     status = entry.retire(events_);
   } catch (...) {
-    entry.cache().reopen();
+    stays();
     throw;
   }
   if (status != ARCPOOL_STATUS_SUCCESS) {
-    entry.cache().reopen();
+    stays();
     return status;
   }
   stream_stats_.retire(&entry.stats());

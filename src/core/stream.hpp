@@ -56,6 +56,13 @@ class stream_entry {
   /// True until retired. Lock-free: enqueueing still goes through with_alive.
   bool alive() const noexcept { return alive_.load(std::memory_order_acquire); }
 
+  /// Claims the stream's retirement (destroy, unregister) for the calling call: false when
+  /// another call holds the claim or retired the stream, so that of calls racing to retire it
+  /// one goes on (and destroys the stream once).
+  bool claim_retirement() noexcept { return !retiring_.exchange(true, std::memory_order_acq_rel); }
+  /// Gives the claim back: the retirement failed, the stream stays.
+  void give_retirement_back() noexcept { retiring_.store(false, std::memory_order_release); }
+
   /// Retires the stream: records `final_fence` on it first (waiting for in-flight enqueues),
   /// after which arcpool never touches it again.
   arcpool_status_t retire(event_pool& events);
@@ -80,6 +87,7 @@ class stream_entry {
   /// cost transfer about 60 instructions under callgrind).
   shared_spinlock mutex_;
   std::atomic<bool> alive_{true};
+  std::atomic<bool> retiring_{false};  ///< a call claimed the retirement (claim_retirement)
   fence_ref final_;
 };
 
