@@ -337,6 +337,20 @@ TEST(HostMemoryExhaustion, AnAllocatorReleasedWithLiveRecordsWithoutHostMemoryGo
   arcpool_allocation_release(a);  // the last record: the janitor deletes the allocator
 }
 
+/// Allocates and frees on `s` twice: the second allocation is a hit of `s`'s cache unless a
+/// retirement closed it (`why` otherwise).
+void expect_cache_open(arcpool_allocator_t* alloc, arcpool_stream_t s, const char* why) {
+  const uint64_t hits_before = stats_of(alloc).cache_hits;
+  for (int i = 0; i < 2; ++i) {
+    arcpool_allocation_t* a = nullptr;
+    EXPECT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
+    if (a == nullptr) break;
+    EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+    arcpool_allocation_release(a);
+  }
+  EXPECT_EQ(hits_before + 1, stats_of(alloc).cache_hits) << why;
+}
+
 TEST(HostMemoryExhaustion, AStreamDestroyedWithoutHostMemoryGoesOrStaysAsItWas) {
   // Destroying a created stream retires it (its cache closed and flushed, its final fence
   // recorded), which cannot be undone: with every host allocation of arcpool's refused, the
@@ -351,16 +365,7 @@ TEST(HostMemoryExhaustion, AStreamDestroyedWithoutHostMemoryGoesOrStaysAsItWas) 
   g_throwing_news.to_fail = 0;
   if (status != ARCPOOL_STATUS_SUCCESS) {
     EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
-    const uint64_t hits_before = stats_of(alloc).cache_hits;
-    for (int i = 0; i < 2; ++i) {
-      arcpool_allocation_t* a = nullptr;
-      EXPECT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
-      if (a == nullptr) break;
-      EXPECT_OK(arcpool_deallocate_async(a, s, 0));
-      arcpool_allocation_release(a);
-    }
-    EXPECT_EQ(hits_before + 1, stats_of(alloc).cache_hits)
-        << "the failed destroy closed the stream's cache: it retired the stream";
+    expect_cache_open(alloc, s, "the failed destroy closed the stream's cache: it retired it");
     EXPECT_OK(arcpool_stream_destroy(alloc, s));
   }
   arcpool_allocator_destroy(alloc);
@@ -390,16 +395,7 @@ TEST(HostMemoryExhaustion, AStreamWhoseFinalFenceTheHostHasNoMemoryForStaysAsItW
     g_scalar_news.to_fail = 0;
     ASSERT_EQ(refused_before + 1, g_scalar_news.failed.load()) << "nothing was refused";
     EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
-    const uint64_t hits_before = stats_of(alloc).cache_hits;
-    for (int i = 0; i < 2; ++i) {
-      arcpool_allocation_t* a = nullptr;
-      EXPECT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
-      if (a == nullptr) break;
-      EXPECT_OK(arcpool_deallocate_async(a, s, 0));
-      arcpool_allocation_release(a);
-    }
-    EXPECT_EQ(hits_before + 1, stats_of(alloc).cache_hits)
-        << "the failed call left the stream's cache closed";
+    expect_cache_open(alloc, s, "the failed call left the stream's cache closed");
     EXPECT_OK(retire());
     arcpool_allocator_destroy(alloc);
   }
