@@ -15,7 +15,8 @@
 // - An allocator's last handle released while a record lives: the janitor holds it without
 //   allocating.
 // - A stream's destruction: once it retired the stream, it allocates nothing; refused its final
-//   fence, it leaves the stream as it was, its cache open again.
+//   fence, it leaves the stream as it was, its cache open again; refused the queueing of a
+//   cached block's free (the host driver), it writes the block off and goes on.
 // - A stream's creation refused its entry: the CUDA stream it made goes again.
 // - An allocator's creation refused after it made its pool: the pool goes again.
 // - A default allocator set without room in the table: the table keeps no reference to it.
@@ -399,6 +400,36 @@ TEST(HostMemoryExhaustion, AStreamWhoseFinalFenceTheHostHasNoMemoryForStaysAsItW
     EXPECT_OK(retire());
     arcpool_allocator_destroy(alloc);
   }
+}
+
+TEST(HostMemoryExhaustion, AStreamWhoseCachedBlockCannotBeQueuedForFreeingCanStillBeDestroyed) {
+  // Destroying a stream flushes its cache first: on the host driver each free is queued as host
+  // work, which allocates. Refused, the block is written off (counted in reclaim_failures) and
+  // the flush goes on; a destroy that fails later leaves the stream for the next one to retire.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_HOST);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &s));
+  arcpool_allocation_t* a = nullptr;
+  {
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan::ScopedDisabler leaks_expected;  // the refused free writes the block off
+#endif
+    ASSERT_OK(arcpool_allocate_async(alloc, kBytes, 0, s, 0, &a));
+  }
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));  // into the stream's cache
+  arcpool_allocation_release(a);
+  ASSERT_EQ(kBytes, stats_of(alloc).bytes_cached_current);
+  g_throwing_news.to_fail = 1000;
+  const arcpool_status_t status = arcpool_stream_destroy(alloc, s);
+  g_throwing_news.to_fail = 0;
+  EXPECT_EQ(1u, stats_of(alloc).reclaim_failures) << "the cached block was not written off";
+  EXPECT_EQ(0u, stats_of(alloc).bytes_cached_current);
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+    EXPECT_OK(arcpool_stream_destroy(alloc, s)) << "the failed destroy kept its claim";
+  }
+  arcpool_allocator_destroy(alloc);
 }
 
 TEST(HostMemoryExhaustion, AViewTheHostHasNoMemoryForTakesNoReference) {
@@ -1303,6 +1334,59 @@ TEST(HostMemoryExhaustion, ABlockAnAllocationWithoutARecordGaveBackKeepsItsBranc
   EXPECT_EQ(cudaSuccess, cudaEventDestroy(fork));
   EXPECT_EQ(cudaSuccess, cudaEventDestroy(join));
   EXPECT_OK(arcpool_stream_destroy(g.alloc, branch));
+  g.close();
+}
+
+TEST(HostMemoryExhaustion, ABindingRefusedItsGateKeepsTheNoticeAFreeInTheCaptureGaveThePool) {
+  // A block freed in a capture bound to no pool waits for that graph: the pool was told of its
+  // end. A binding of that capture to the pool, refused the user object of its own notice,
+  // takes back only that notice: the block still waits, and another capture is not lent it.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  graph_pool_stream g;
+  ASSERT_NO_FATAL_FAILURE(g.open());
+  ASSERT_NO_FATAL_FAILURE(g.begin());
+  arcpool_allocation_t* out = nullptr;
+  ASSERT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, g.s, 0, &out));  // kept past the capture
+  ASSERT_NO_FATAL_FAILURE(g.end());
+  void* block = nullptr;
+  ASSERT_OK(arcpool_allocation_data(out, &block));
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(g.cu(), cudaStreamCaptureModeThreadLocal));
+  ASSERT_OK(arcpool_deallocate_async(out, g.s, 0));  // in a capture bound to no pool
+  arcpool_allocation_release(out);
+  // Each attempt refuses one more of the binding's nothrow allocations, until one is refused
+  // after its gate was made (the user object's trampoline).
+  bool refused_late = false;
+  for (int q = 0; q < 4 && !refused_late; ++q) {
+    const int refused_before = g_scalar_news.failed.load();
+    g_scalar_news.to_pass = q;
+    g_scalar_news.to_fail = 1;
+    const arcpool_status_t status = arcpool_graph_pool_begin(g.pool, g.s);
+    g_scalar_news.to_fail = 0;
+    g_scalar_news.to_pass = 0;
+    ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status)
+        << "attempt " << q << ": " << arcpool_last_error();
+    ASSERT_EQ(refused_before + 1, g_scalar_news.failed.load());
+    refused_late = q > 0;
+  }
+  arcpool_stream_t t = nullptr;
+  ASSERT_OK(arcpool_stream_create(g.alloc, &t));
+  const auto t_cu = reinterpret_cast<cudaStream_t>(t);
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(t_cu, cudaStreamCaptureModeThreadLocal));
+  ASSERT_OK(arcpool_graph_pool_begin(g.pool, t));
+  arcpool_allocation_t* other = nullptr;
+  ASSERT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, t, 0, &other));
+  void* lent = nullptr;
+  EXPECT_OK(arcpool_allocation_data(other, &lent));
+  EXPECT_NE(block, lent) << "lent while the graph it was freed in lives";
+  EXPECT_OK(arcpool_deallocate_async(other, t, 0));
+  arcpool_allocation_release(other);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(t_cu, &graph));
+  EXPECT_OK(arcpool_graph_pool_end(g.pool, t));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(g.cu(), &graph));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  EXPECT_OK(arcpool_stream_destroy(g.alloc, t));
   g.close();
 }
 

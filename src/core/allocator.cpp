@@ -259,15 +259,15 @@ arcpool_status_t allocator::retire_stream(const stream_ref& ref, const char* wha
                 "unregistered)",
                 what, static_cast<void*>(ref.handle));
   }
-  // Closed first, so that no free lands in the cache after its flush and before the final
-  // fence; opened again if the fence cannot be recorded, the stream staying as it was.
-  flush_cache(entry.cache(), ref.handle, /*close=*/true);
   auto stays = [&] {
     entry.cache().reopen();
     entry.give_retirement_back();
   };
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
   try {
+    // Closed first, so that no free lands in the cache after its flush and before the final
+    // fence; opened again if the fence cannot be recorded, the stream staying as it was.
+    flush_cache(entry.cache(), ref.handle, /*close=*/true);
     status = entry.retire(events_);
   } catch (...) {
     stays();
@@ -291,7 +291,14 @@ size_t allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
       [&](void* p, size_t n) {
         ++blocks;
         history_.segment_free(p, s);
-        if (driver_->pool_free(p, n, s) == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::frees);
+        // The host driver queues the free as host work, which may find no host memory: the
+        // block is written off then, as a deferred free's is (reclaimer::complete), so that a
+        // drain gives every block away and throws nothing.
+        try {
+          if (driver_->pool_free(p, n, s) == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::frees);
+        } catch (const std::bad_alloc&) {
+          stats_.count(stat::reclaim_failures);
+        }
       },
       close);
   stats_.count(stat::cache_flushes, blocks);

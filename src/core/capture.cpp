@@ -447,7 +447,7 @@ arcpool_status_t allocator::tell_pool_of_graph_end(graph_pool& pool, const captu
       await_posted_task();
       return status;
     }
-    pool.capture_ended(capture.id);
+    pool.capture_unbound(capture.id);
     pool.release();
   }
   delete gate;

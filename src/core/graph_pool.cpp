@@ -146,6 +146,12 @@ bool graph_pool::hears_of(uint64_t capture) {
   return std::find(captures_.begin(), captures_.end(), capture) != captures_.end();
 }
 
+void graph_pool::capture_unbound(uint64_t capture) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = std::find(captures_.begin(), captures_.end(), capture);
+  if (it != captures_.end()) captures_.erase(it);
+}
+
 void graph_pool::capture_ended(uint64_t capture) {
   std::lock_guard<std::mutex> lock(mutex_);
   captures_.erase(std::remove(captures_.begin(), captures_.end(), capture), captures_.end());

@@ -62,6 +62,9 @@ class graph_pool {
   bool hears_of(uint64_t capture);
   /// Capture `capture`'s graph is gone: its freed blocks become free for any bound capture.
   void capture_ended(uint64_t capture);
+  /// Takes back one capture_bound of `capture` whose notice of the graph's end could not be
+  /// armed: the blocks keep their tags, and an earlier notice of that capture stands.
+  void capture_unbound(uint64_t capture) noexcept;
 
   /// The C handle's type is the pool itself.
   static graph_pool* from(arcpool_graph_pool_t* h) noexcept {
