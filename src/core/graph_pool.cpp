@@ -15,8 +15,8 @@ graph_pool::graph_pool(allocator& owner) : owner_(owner) {
 void graph_pool::release() noexcept {
   if (!refs_.decrement()) return;
   // Every block is free now: each lent one held a reference (a written-off one is no longer
-  // the pool's: abandon). The reclaim worker gives them
-  // back to the allocator's pool once their fences completed.
+  // the pool's: abandon). The reclaim worker gives them back to the allocator's pool once
+  // their fences completed.
   for (block& b : free_) {
     owner_.stats_.sub(stat::graph_pool_bytes, static_cast<int64_t>(b.bytes));
     std::unique_ptr<reclaim_item> item;
