@@ -181,6 +181,13 @@ arcpool_stats_t stats_of(arcpool_allocator_t* alloc) {
   return st;
 }
 
+/// The data pointer of `a` (null, with a failure recorded, if it cannot be read).
+void* data_of(const arcpool_allocation_t* a) {
+  void* p = nullptr;
+  EXPECT_OK(arcpool_allocation_data(a, &p));
+  return p;
+}
+
 /// Calls `call` (`what`) again and again, each attempt letting one more of arcpool's throwing
 /// allocations through before it refuses the next: wherever the refusal lands, the attempt must
 /// fail with OUT_OF_MEMORY, and `after_refusal(passed)` checks that it changed nothing, until
@@ -1298,8 +1305,7 @@ TEST(HostMemoryExhaustion, ABlockAnAllocationWithoutARecordGaveBackKeepsItsBranc
   ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(branch_cu, fork, 0));
   arcpool_allocation_t* a = nullptr;
   ASSERT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, g.s, 0, &a));
-  void* block = nullptr;
-  ASSERT_OK(arcpool_allocation_data(a, &block));
+  void* const block = data_of(a);
   ASSERT_OK(arcpool_deallocate_async(a, g.s, 0));
   arcpool_allocation_release(a);
   // On a thread of its own, whose record list is empty: its record comes from the heap, and
@@ -1325,9 +1331,8 @@ TEST(HostMemoryExhaustion, ABlockAnAllocationWithoutARecordGaveBackKeepsItsBranc
   ASSERT_TRUE(refused) << "no attempt was refused its record: the test proves nothing";
   arcpool_allocation_t* other = nullptr;
   ASSERT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, branch, 0, &other));
-  void* lent = nullptr;
-  EXPECT_OK(arcpool_allocation_data(other, &lent));
-  EXPECT_NE(block, lent) << "the unjoined branch was lent the block freed on the other stream";
+  EXPECT_NE(block, data_of(other))
+      << "the unjoined branch was lent the block freed on the other stream";
   ASSERT_OK(arcpool_deallocate_async(other, branch, 0));
   arcpool_allocation_release(other);
   ASSERT_EQ(cudaSuccess, cudaEventRecord(join, branch_cu));
@@ -1350,8 +1355,7 @@ TEST(HostMemoryExhaustion, ABindingRefusedItsGateKeepsTheNoticeAFreeInTheCapture
   arcpool_allocation_t* out = nullptr;
   ASSERT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, g.s, 0, &out));  // kept past the capture
   ASSERT_NO_FATAL_FAILURE(g.end());
-  void* block = nullptr;
-  ASSERT_OK(arcpool_allocation_data(out, &block));
+  void* const block = data_of(out);
   ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(g.cu(), cudaStreamCaptureModeThreadLocal));
   ASSERT_OK(arcpool_deallocate_async(out, g.s, 0));  // in a capture bound to no pool
   arcpool_allocation_release(out);
@@ -1377,9 +1381,7 @@ TEST(HostMemoryExhaustion, ABindingRefusedItsGateKeepsTheNoticeAFreeInTheCapture
   ASSERT_OK(arcpool_graph_pool_begin(g.pool, t));
   arcpool_allocation_t* other = nullptr;
   ASSERT_OK(arcpool_allocate_async(g.alloc, kBytes, 0, t, 0, &other));
-  void* lent = nullptr;
-  EXPECT_OK(arcpool_allocation_data(other, &lent));
-  EXPECT_NE(block, lent) << "lent while the graph it was freed in lives";
+  EXPECT_NE(block, data_of(other)) << "lent while the graph it was freed in lives";
   EXPECT_OK(arcpool_deallocate_async(other, t, 0));
   arcpool_allocation_release(other);
   cudaGraph_t graph = nullptr;

@@ -54,23 +54,11 @@ class sharded_counter {
   void add(int64_t n = 1) noexcept { add(thread_shard(), n); }
   /// Adds through the calling thread's slot, looked up by the caller.
   void add(shard_slot s, int64_t n) noexcept { shard_add(shards_[s.index].value, n, s.exclusive); }
-  /// Adds with release order: the caller's earlier writes happen before a sum_acquire that
-  /// sees this change.
-  void add_release(shard_slot s, int64_t n) noexcept {
-    shard_add(shards_[s.index].value, n, s.exclusive, std::memory_order_release);
-  }
   /// The sum; exact once the adding threads are quiescent.
   int64_t sum() const noexcept {
     int64_t total = 0;
     for (const auto& s : shards_)
       total += s.value.load(std::memory_order_relaxed);
-    return total;
-  }
-  /// The sum, with acquire order (pairs with add_release).
-  int64_t sum_acquire() const noexcept {
-    int64_t total = 0;
-    for (const auto& s : shards_)
-      total += s.value.load(std::memory_order_acquire);
     return total;
   }
 
