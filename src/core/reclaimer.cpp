@@ -120,43 +120,28 @@ void reclaimer::enqueue(std::unique_ptr<reclaim_item> item) noexcept {
 }
 
 void reclaimer::expect_post() noexcept {
-  expected_posts_.fetch_add(1, std::memory_order_acq_rel);
+  inbox_.expect(mutex_, work_cv_);
 }
 
 void reclaimer::post(posted_task* task) noexcept {
-  unfinished_posts_.fetch_add(1, std::memory_order_relaxed);
-  posted_task* head = posted_.load(std::memory_order_relaxed);
-  do {
-    task->next = head;
-  } while (!posted_.compare_exchange_weak(head, task, std::memory_order_release,
-                                          std::memory_order_relaxed));
-  // After the push: a worker that reads the count this leaves sees the task (release/acquire).
-  expected_posts_.fetch_sub(1, std::memory_order_acq_rel);
-  work_cv_.notify_one();
+  inbox_.post(task, work_cv_);
 }
 
 bool reclaimer::run_posted() {
-  posted_task* task = posted_.exchange(nullptr, std::memory_order_acquire);
+  posted_task* task = inbox_.take();
   if (task == nullptr) return false;
-  posted_task* oldest_first = nullptr;
   while (task != nullptr) {
     posted_task* next = task->next;
-    task->next = oldest_first;
-    oldest_first = task;
+    task->run(task);  // may free the task, and enqueue
+    inbox_.finished();
     task = next;
-  }
-  while (oldest_first != nullptr) {
-    posted_task* next = oldest_first->next;
-    oldest_first->run(oldest_first);  // may free the task, and enqueue
-    unfinished_posts_.fetch_sub(1, std::memory_order_release);
-    oldest_first = next;
   }
   return true;
 }
 
 size_t reclaimer::pending() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return queued_ + completing_ + unfinished_posts_.load(std::memory_order_acquire);
+  return queued_ + completing_ + inbox_.unfinished();
 }
 
 void reclaimer::start_locked() {
@@ -332,21 +317,14 @@ void reclaimer::run() {
   auto backoff = kMinBackoff;
   for (;;) {
     if (stop_ || process_exiting()) return;
-    if (posted_.load(std::memory_order_acquire) != nullptr) {
+    if (inbox_.has_tasks()) {
       lock.unlock();
       run_posted();
       lock.lock();
       continue;
     }
     if (queue_ == nullptr) {
-      auto ready = [&] {
-        return stop_ || queue_ != nullptr || posted_.load(std::memory_order_acquire) != nullptr;
-      };
-      if (expected_posts_.load(std::memory_order_acquire) > 0) {
-        work_cv_.wait_for(lock, kPostRecheck, ready);
-      } else {
-        work_cv_.wait(lock, ready);
-      }
+      inbox_.wait_idle(lock, work_cv_, [&] { return stop_ || queue_ != nullptr; });
       backoff = kMinBackoff;
       continue;
     }

@@ -15,6 +15,7 @@
 
 #include "core/fence.hpp"
 #include "core/stream.hpp"
+#include "core/task_inbox.hpp"
 #include "drivers/driver.hpp"
 #include "observe/history.hpp"
 #include "observe/stats.hpp"
@@ -51,17 +52,6 @@ struct reclaim_item {
   bool failed = false;
 };
 
-/// Work that a thread which must not block hands to the reclaim worker: a user object's
-/// destructor, of which cudaUserObjectCreate says "Destructor callbacks cannot make CUDA API
-/// calls and should avoid blocking behavior, as they are executed by a shared internal thread.
-/// Another thread may be signaled to perform such actions". Intrusive, so that posting
-/// allocates nothing.
-struct posted_task {
-  /// The work, run once on the worker (or a thread that polls or drains), with no lock held.
-  void (*run)(posted_task*) noexcept = nullptr;
-  posted_task* next = nullptr;  ///< the reclaimer's inbox link
-};
-
 class reclaimer {
  public:
   /// `before_free` (may be null) runs before every pool free it enqueues (the poison hook).
@@ -86,8 +76,8 @@ class reclaimer {
   /// thread could start) and changes nothing then.
   void start();
   /// Announces a post() to come (a user object armed with a posted task, after start): keeps
-  /// the worker looking at its inbox now and then while idle until the post has come.
-  /// Allocates nothing.
+  /// the worker looking at its inbox now and then while idle until the post has come
+  /// (task_inbox::expect: takes the worker's mutex once). Allocates nothing.
   void expect_post() noexcept;
   /// Hands `task` to the worker without blocking: no lock, no allocation, no CUDA call; a
   /// lock-free push and a notification. The caller keeps the reclaimer alive until it returns.
@@ -114,11 +104,7 @@ class reclaimer {
 
   /// True while a user object armed with a posted task (expect_post) has not posted it, or a
   /// posted task has not run to its end: tests wait for destructors run on CUDA's own thread.
-  bool posts_outstanding() const noexcept {
-    // The count of announced posts first: post() counts the task unfinished before it drops it.
-    return expected_posts_.load(std::memory_order_acquire) > 0 ||
-           unfinished_posts_.load(std::memory_order_acquire) > 0;
-  }
+  bool posts_outstanding() const noexcept { return inbox_.outstanding(); }
 
   /// Items queued and not yet completed, and posted tasks not yet run to their end (a task may
   /// enqueue an item: it is never between the inbox and the queue unseen).
@@ -196,14 +182,7 @@ class reclaimer {
   static constexpr std::chrono::microseconds kMinBackoff{20};
   static constexpr std::chrono::microseconds kMaxBackoff{1000};
 
-  std::atomic<posted_task*> posted_{nullptr};  ///< the inbox, newest first
-  /// Posts announced and not yet made. While some are, the idle worker looks at its inbox every
-  /// kPostRecheck: a post notifies without the lock, so its notification can come between the
-  /// worker's look and its wait.
-  std::atomic<int64_t> expected_posts_{0};
-  /// Posts made and not yet run to their end, counted by pending().
-  std::atomic<size_t> unfinished_posts_{0};
-  static constexpr std::chrono::milliseconds kPostRecheck{50};
+  task_inbox inbox_;  ///< posted tasks, woken through mutex_ and work_cv_
 };
 
 }  // namespace arcpool::detail
