@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "drivers/host_stream.hpp"
 #include "support/driver_test.hpp"
 #include "support/simcuda_probe.hpp"
+#include "support/stream_probe.hpp"
 
 namespace arcpool::test {
 namespace {
@@ -462,6 +464,46 @@ TEST(StickyError, IsReportedAsCudaErrorWithItsNameAndNothingHangs) {
   arcpool_allocation_release(live);
   arcpool_allocation_release(pending);
   arcpool_allocator_destroy(alloc);
+}
+
+/// An import's on_free says that arcpool no longer uses the memory, every fence complete. A
+/// fence that cannot be checked (a sticky error) leaves that unknown, so on_free never comes:
+/// the failure is counted, as pool memory is written off rather than freed under a use. (Before,
+/// on_free came anyway: an IPC import was then released to its exporter, which freed it, while
+/// the other stream's work could still read it.)
+TEST(StickyError, AnImportWhoseUsesCannotBeSeenCompleteIsNeverReportedFree) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_HOST;
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &s));
+  arcpool_stream_t user = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &user));
+  static unsigned char foreign[kBytes];
+  std::atomic<int> reported{0};
+  const arcpool_on_free_t on_free = [](void*, size_t, void* calls) {
+    static_cast<std::atomic<int>*>(calls)->fetch_add(1);
+  };
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_import(alloc, foreign, kBytes, s, 0, on_free, &reported, &a));
+  std::unique_ptr<gate> busy = make_host_probe(alloc)->block(user);
+  ASSERT_OK(arcpool_record_use(a, user));
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));  // deferred: the user's work still runs
+  arcpool_allocation_release(a);
+
+  detail::inject_sticky_error(detail::from_handle(alloc)->drv());
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_allocator_trim(alloc, 0));  // drains it
+  EXPECT_EQ(0, reported.load()) << "on_free said arcpool's uses were over, unseen";
+  arcpool_stats_t st;
+  st.struct_size = sizeof(st);
+  st.version = ARCPOOL_STATS_VERSION;
+  ASSERT_OK(arcpool_stats_get(alloc, &st));
+  EXPECT_EQ(1u, st.reclaim_failures);
+  busy->open();
+  arcpool_allocator_destroy(alloc);
+  EXPECT_EQ(0, reported.load());
 }
 
 }  // namespace

@@ -569,14 +569,17 @@ ARCPOOL_API arcpool_status_t arcpool_record_use_with_flags(arcpool_allocation_t*
 /* ----------------------------------------------------------------------------------------- */
 
 /** Called exactly once when arcpool no longer uses imported memory (every fence complete),
- * outside arcpool's locks and never from a CUDA host callback. May call arcpool. */
+ * outside arcpool's locks and never from a CUDA host callback. May call arcpool. Never called
+ * when a fence could not be checked or taken (a failed CUDA call leaves arcpool's uses
+ * unknown): counted in reclaim_failures instead. */
 typedef void (*arcpool_on_free_t)(void* pointer, size_t size, void* user_data);
 
 /** Flags of arcpool_import. */
 typedef enum arcpool_import_flags_t {
   ARCPOOL_IMPORT_FLAG_NONE = 0,
   /** Move the foreign owner's claim in: `on_free` is then the free itself and is called exactly
-   * once whatever happens, including immediately when the import call fails. Requires
+   * once, including immediately when the import call fails (but never under a use whose fence
+   * failed: see arcpool_on_free_t). Requires
    * `on_free`. Without it the import borrows: on_free (optional) only reports that arcpool's
    * uses completed, and a failed import calls nothing. */
   ARCPOOL_IMPORT_FLAG_CONSUME = 1u << 0,

@@ -207,7 +207,13 @@ bool reclaimer::poll(reclaim_item& item, bool* failed) {
 void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
   if (item.on_free != nullptr) {
     item.fences.clear();
-    if (failed) stats_.count(stat::reclaim_failures);
+    if (failed) {
+      // on_free says that arcpool's uses are over, which a fence that could not be checked (or
+      // taken) leaves unknown: a stream may still use the memory. Never said, then; counted, as
+      // pool memory is written off rather than freed under a use.
+      stats_.count(stat::reclaim_failures);
+      return;
+    }
     // Exactly once, outside every lock; a throwing callback must not take the worker down.
     try {
       item.on_free(item.pointer, item.bytes, item.on_free_user_data);
