@@ -325,6 +325,31 @@ TEST(HostMemoryExhaustion, AByPointerFreeTheHostHasNoMemoryForKeepsThePointerFin
   arcpool_allocator_destroy(alloc);
 }
 
+TEST(HostMemoryExhaustion, ARecordStreamTheHostHasNoMemoryForKeepsNoReference) {
+  // arcpool_record_stream finds the by-pointer allocation with a reference of its own, which it
+  // drops after the use is recorded. Refused host memory for the use record, it fails with
+  // OUT_OF_MEMORY and still drops that reference: once freed, no record is left (a record left
+  // behind holds its allocator, its pool and its cached memory for ever). The null driver.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t s = nullptr, user = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &user)) << arcpool_last_error();
+  void* p = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_malloc_async(alloc, kBytes, 0, s, &p))
+      << arcpool_last_error();
+  ASSERT_NO_FATAL_FAILURE(expect_refused_calls_change_nothing(
+      "record_stream", [&] { return arcpool_record_stream(p, user); },
+      [&](int) { EXPECT_EQ(1u, stats_of(alloc).allocations_in_use_current); }));
+  EXPECT_OK(arcpool_allocator_free_async(alloc, p, s));
+  EXPECT_OK(arcpool_allocator_trim(alloc, 0));
+  EXPECT_TRUE(arcpool::detail::from_handle(alloc)->quiescent())
+      << "a refused record_stream kept a reference to the allocation's record";
+  EXPECT_OK(arcpool_stream_destroy(alloc, s));
+  EXPECT_OK(arcpool_stream_destroy(alloc, user));
+  arcpool_allocator_destroy(alloc);
+}
+
 TEST(HostMemoryExhaustion, AnAllocatorReleasedWithLiveRecordsWithoutHostMemoryGoesOn) {
   // The last handle of an allocator whose allocation still lives hands it to the janitor, in a
   // release that cannot fail: with every host allocation of arcpool's refused, the release

@@ -97,7 +97,10 @@ arcpool_status_t arcpool_record_stream_with_flags(void* pointer, arcpool_stream_
           return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
                       "record_stream of %p: no live by-pointer allocation contains it", p);
         }
-        const arcpool_status_t status = a->owner.record_use(*a, s, f);
+        // Guarded here, not only at the entry point: a throw (no host memory for the use record
+        // or the stream's lookup) must still drop the reference find took.
+        const arcpool_status_t status =
+            arcpool::detail::api::guarded([&] { return a->owner.record_use(*a, s, f); });
         a->release();
         return status;
       },
