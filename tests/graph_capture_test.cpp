@@ -596,6 +596,26 @@ TEST_P(GraphCapture, AnAmbientSynchronizingFreeDuringACaptureFailsAndKeepsItsMem
   finish_reclaims();
 }
 
+// design.md §9: under the synchronize policy an allocation synchronizes its stream before it
+// returns. When that synchronization fails, the caller takes the failure for "nothing
+// allocated", so the memory goes back: before, it stayed allocated, its pointer nowhere but in
+// arcpool's map.
+TEST_P(GraphCapture, AnAmbientSynchronizingMallocWhoseSynchronizationFailsKeepsNothing) {
+  if (!on_simcuda()) GTEST_SKIP() << "injects the failure with simcuda_fail_next";
+  ASSERT_OK(arcpool_allocator_set_ambient_stream(alloc_, ARCPOOL_AMBIENT_SYNCHRONIZE, nullptr));
+  void* p = reinterpret_cast<void*>(1);
+  ASSERT_TRUE(simcuda_fail_next("cudaStreamSynchronize", cudaErrorUnknown));
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_ambient_malloc(alloc_, kBytes, &p));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "cudaStreamSynchronize"))
+      << arcpool_last_error();
+  EXPECT_EQ(nullptr, p);
+  EXPECT_EQ(0u, stats().bytes_in_use_current) << "the failed allocation kept its memory";
+  EXPECT_EQ(0u, stats().allocations_in_use_current);
+  ASSERT_OK(arcpool_ambient_malloc(alloc_, kBytes, &p));  // the next one succeeds
+  ASSERT_OK(arcpool_ambient_free(alloc_, p));
+  finish_reclaims();
+}
+
 TEST_P(GraphCapture, TheByPointerPathAllocatesAndFreesGraphMemoryInTheCapture) {
   arcpool_stream_t s = make_stream();
   host_bytes host;

@@ -100,8 +100,19 @@ arcpool_status_t allocator::ambient_malloc(size_t size, void** out) {
   bool synchronize = false;
   ARCPOOL_RETURN_IF_ERROR(ambient_stream(&s, &synchronize));
   ARCPOOL_RETURN_IF_ERROR(malloc_by_pointer(size, 0, s, out));
+  if (!synchronize) return ARCPOOL_STATUS_SUCCESS;
   // Usable on any stream once the allocation itself has run.
-  return synchronize ? driver_->stream_synchronize(s) : ARCPOOL_STATUS_SUCCESS;
+  const arcpool_status_t status = driver_->stream_synchronize(s);
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    // A caller takes a failure for "nothing allocated": the memory goes back, in stream order
+    // after its allocation. The synchronization's message stays unless the free fails too.
+    if (free_by_pointer(*out, s, -1) != ARCPOOL_STATUS_SUCCESS) {
+      append_to_last_error(" (freeing the allocation after its stream's synchronization failed)");
+    }
+    *out = nullptr;
+    return status;
+  }
+  return ARCPOOL_STATUS_SUCCESS;
 }
 
 arcpool_status_t allocator::ambient_free(void* p) {
