@@ -177,6 +177,46 @@ TEST(Ipc, NullAndBadArgumentsAreRefused) {
   arcpool_allocator_destroy(a);
 }
 
+// A message without arcpool's magic number is refused, and a descriptor that came with it is
+// closed, once: receive leaves the caller nothing to close. (Before, it closed the descriptor
+// and handed its number back, which the importer closed again: in a process with other
+// threads, that number may name another file by then.) No CUDA: the socket alone.
+TEST(Ipc, AMessageWithoutTheMagicNumberHandsBackNoDescriptor) {
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) << std::strerror(errno);
+  int pipe_fds[2];
+  ASSERT_EQ(0, pipe(pipe_fds)) << std::strerror(errno);
+  detail::ipc::message garbage;  // magic 0
+  iovec iov{&garbage, sizeof garbage};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &pipe_fds[0], sizeof(int));
+  ASSERT_EQ(static_cast<ssize_t>(sizeof garbage), sendmsg(sv[1], &msg, 0)) << std::strerror(errno);
+  close(pipe_fds[0]);  // the message holds its own copy
+
+  detail::ipc::channel receiver(sv[0]);
+  detail::ipc::message m;
+  int received = -1;
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, receiver.receive(&m, &received));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "magic")) << arcpool_last_error();
+  EXPECT_EQ(-1, received) << "a closed descriptor was handed back to be closed again";
+  // The copy that came with the message was closed: the pipe's last reader is gone.
+  const auto previous = signal(SIGPIPE, SIG_IGN);
+  EXPECT_EQ(-1, write(pipe_fds[1], "x", 1));
+  EXPECT_EQ(EPIPE, errno);
+  signal(SIGPIPE, previous);
+  close(pipe_fds[1]);
+  close(sv[1]);
+}
+
 TEST(Ipc, ADevicesOwnPoolCannotBeExported) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   int sv[2];

@@ -151,7 +151,10 @@ arcpool_status_t channel::receive_any(message* m, int* received_fd, pid_t* sende
     got += static_cast<size_t>(n);
   }
   if (m->magic != kMagic) {
-    if (received_fd != nullptr && *received_fd >= 0) close(*received_fd);
+    if (received_fd != nullptr && *received_fd >= 0) {
+      close(*received_fd);
+      *received_fd = -1;  // closed: the caller, which closes what it got, must not close it again
+    }
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 "IPC connection: a message without arcpool's magic number (0x%x): the socket is "
                 "not an arcpool connection",
