@@ -66,9 +66,11 @@ struct torch_pool {
   int device;
   torch_mempool_id id;
   arcpool_graph_pool_t* pool;
-  long uses;                                 ///< begin hooks its release hooks have not matched
-  std::vector<torch_stream_filter> filters;  ///< captures between their begin and end hooks
-  std::vector<bound_capture> bound;          ///< captures `pool` is bound to
+  long uses;  ///< begin hooks its release hooks have not matched
+  /// The capture recording to the pool, between its begin and end hooks (empty: none; one at a
+  /// time, as PyTorch's own allocator allows).
+  torch_stream_filter filter;
+  std::vector<bound_capture> bound;  ///< captures `pool` is bound to
 };
 
 /// PyTorch's pools with an arcpool graph pool. Few (one per graph, or per shared pool) and
@@ -120,32 +122,29 @@ void bind_capture(int device, cudaStream_t stream) {
   if (!capture_of(stream, &capture)) return;
   std::lock_guard<std::mutex> lock(g_pools_mutex);
   for (torch_pool& p : g_pools) {
-    if (p.device != device || p.filters.empty()) continue;
+    if (p.device != device || !p.filter) continue;
     if (std::any_of(p.bound.begin(), p.bound.end(),
                     [capture](const bound_capture& b) { return b.id == capture; })) {
       return;
     }
-    for (const torch_stream_filter& claims : p.filters) {
-      if (!claims(stream)) continue;
-      // A side stream the capture forked to may allocate first: bind on the capture's own
-      // stream, which arcpool knows; arcpool then serves the side stream from the pool too.
-      const cudaStream_t on = binding_stream(device, stream, capture);
-      if (arcpool_graph_pool_begin(p.pool, reinterpret_cast<arcpool_stream_t>(on)) !=
-          ARCPOOL_STATUS_SUCCESS) {
-        raise("binding the capture to its graph pool failed");
-      }
-      p.bound.push_back(bound_capture{capture, on});
-      return;
+    if (!p.filter(stream)) continue;
+    // A side stream the capture forked to may allocate first: bind on the capture's own
+    // stream, which arcpool knows; arcpool then serves the side stream from the pool too.
+    const cudaStream_t on = binding_stream(device, stream, capture);
+    if (arcpool_graph_pool_begin(p.pool, reinterpret_cast<arcpool_stream_t>(on)) !=
+        ARCPOOL_STATUS_SUCCESS) {
+      raise("binding the capture to its graph pool failed");
     }
+    p.bound.push_back(bound_capture{capture, on});
+    return;
   }
 }
 
-/// Unbinds the captures of `p` whose streams no open capture of `p` claims any more.
+/// Unbinds the captures of `p` whose streams its open capture, if any, does not claim.
 void unbind_ended(torch_pool& p) {
   for (auto it = p.bound.begin(); it != p.bound.end();) {
     const cudaStream_t s = it->stream;
-    if (std::any_of(p.filters.begin(), p.filters.end(),
-                    [s](const torch_stream_filter& claims) { return claims(s); })) {
+    if (p.filter && p.filter(s)) {
       ++it;
       continue;
     }
@@ -242,11 +241,18 @@ ARCPOOL_TORCH_API double arcpool_torch_memory_fraction(int device) {
 /// PyTorch's beginAllocateToPool (torch.cuda.graph's capture_begin, before
 /// cudaStreamBeginCapture): the allocations of the capture that `filter` claims come from the
 /// arcpool graph pool serving PyTorch's pool `id`, made at its first begin. PyTorch counts a
-/// pool's uses the same way: each begin is matched by one release_pool.
+/// pool's uses the same way: each begin is matched by one release_pool. One capture at a time
+/// records to a pool, as PyTorch's own allocator requires (c10/cuda/CUDACachingAllocator.cpp,
+/// beginAllocateToPool: "already recording to mempool_id"): a second begin is refused, and
+/// changes nothing (an end names only the pool, so two open captures could not be told apart).
 ARCPOOL_TORCH_API void arcpool_torch_begin_allocate_to_pool(int device, torch_mempool_id id,
                                                             torch_stream_filter filter) {
   std::lock_guard<std::mutex> lock(g_pools_mutex);
   torch_pool* p = find_pool(device, id);
+  if (p != nullptr && p->filter) {
+    throw std::runtime_error("arcpool: beginAllocateToPool: already recording to mempool_id (" +
+                             std::to_string(id.first) + ", " + std::to_string(id.second) + ")");
+  }
   if (p == nullptr) {
     arcpool_allocator_t* a = nullptr;
     arcpool_graph_pool_t* pool = nullptr;
@@ -259,17 +265,17 @@ ARCPOOL_TORCH_API void arcpool_torch_begin_allocate_to_pool(int device, torch_me
     p = &g_pools.back();
   }
   ++p->uses;
-  p->filters.push_back(std::move(filter));
+  p->filter = std::move(filter);
   g_open_captures.fetch_add(1, std::memory_order_release);
 }
 
-/// PyTorch's endAllocateToPool (capture_end, after cudaStreamEndCapture): the capture begun
-/// first on pool `id` stops allocating from it; the streams no open capture claims are unbound.
+/// PyTorch's endAllocateToPool (capture_end, after cudaStreamEndCapture): the capture recording
+/// to pool `id` stops allocating from it, and its streams are unbound.
 ARCPOOL_TORCH_API void arcpool_torch_end_allocate_to_pool(int device, torch_mempool_id id) {
   std::lock_guard<std::mutex> lock(g_pools_mutex);
   torch_pool* p = find_pool(device, id);
-  if (p == nullptr || p->filters.empty()) return;
-  p->filters.erase(p->filters.begin());
+  if (p == nullptr || !p->filter) return;
+  p->filter = nullptr;
   g_open_captures.fetch_sub(1, std::memory_order_release);
   unbind_ended(*p);
 }
@@ -283,8 +289,8 @@ ARCPOOL_TORCH_API void arcpool_torch_release_pool(int device, torch_mempool_id i
     std::lock_guard<std::mutex> lock(g_pools_mutex);
     torch_pool* p = find_pool(device, id);
     if (p == nullptr || --p->uses > 0) return;
-    g_open_captures.fetch_sub(static_cast<int>(p->filters.size()), std::memory_order_release);
-    p->filters.clear();
+    if (p->filter) g_open_captures.fetch_sub(1, std::memory_order_release);
+    p->filter = nullptr;
     unbind_ended(*p);
     released = p->pool;
     g_pools.erase(g_pools.begin() + (p - g_pools.data()));

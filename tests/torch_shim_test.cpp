@@ -255,6 +255,24 @@ TEST_F(TorchShim, AGraphCapturedThroughPyTorchsPoolHooksAllocatesFromItsGraphPoo
   cudaStreamDestroy(s);
 }
 
+TEST_F(TorchShim, ASecondCaptureRecordingToAnOpenPoolIsRefused) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // PyTorch's own allocator lets one capture at a time record to a pool ("already recording to
+  // mempool_id"): the end hook names only the pool, so two open captures could not be told
+  // apart. The second begin raises; once the first capture's end came, the pool takes another.
+  const torch_mempool_id pool{0, 9};
+  arcpool_torch_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return false; });
+  EXPECT_THROW(arcpool_torch_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return true; }),
+               std::runtime_error);
+  arcpool_torch_end_allocate_to_pool(0, pool);
+  EXPECT_NO_THROW(
+      arcpool_torch_begin_allocate_to_pool(0, pool, [](cudaStream_t) { return false; }));
+  arcpool_torch_end_allocate_to_pool(0, pool);
+  arcpool_torch_release_pool(0, pool);  // one release per accepted begin
+  arcpool_torch_release_pool(0, pool);
+  EXPECT_EQ("", take_simcuda_violations());
+}
+
 TEST_F(TorchShim, GraphsSharingAPoolShareItsMemoryUntilTheLastIsReset) {
   CONFORMANCE_SIMCUDA_ONLY();
   // torch.cuda.graph(g2, pool=g1.pool()): every beginAllocateToPool of a pool is matched by one
