@@ -56,6 +56,18 @@ TEST_P(CppApi, MovingABufferIntoItselfKeepsItsClaim) {
   EXPECT_EQ(4096u, cpp_stats().bytes_in_use_current);
 }
 
+// A buffer or shared_buffer passed as buffer_base& (ipc_exporter::send takes one) cannot be
+// assigned or copied through that reference: the copy would share the handle without its claim
+// and reference, the left side's own allocation would leak, and the shared handle would be
+// released twice. (Before, buffer_base had the implicit shallow copy operations.)
+TEST(CppApiTypes, ABufferCannotBeCopiedThroughItsBase) {
+  EXPECT_FALSE(std::is_copy_assignable_v<buffer_base>);
+  EXPECT_FALSE(std::is_move_assignable_v<buffer_base>);
+  EXPECT_FALSE(std::is_copy_assignable_v<buffer>);
+  EXPECT_TRUE(std::is_move_assignable_v<buffer>);
+  EXPECT_TRUE(std::is_copy_assignable_v<shared_buffer>);
+}
+
 TEST_P(CppApi, AStreamKeepsItsAllocatorAliveWhateverTheDestructionOrder) {
   // The allocator object goes first, then the stream that needs it. Had the stream borrowed the
   // allocator, its teardown would run with the allocator object and destroy the streams it

@@ -98,8 +98,13 @@ class buffer_view {
 class shared_buffer;
 
 /// Common members of buffer and shared_buffer: one claim and one reference on an allocation.
+/// Not copyable as itself: a copy through a base reference would share the handle without its
+/// claim and reference, and release them twice.
 class buffer_base {
  public:
+  buffer_base(const buffer_base&) = delete;
+  buffer_base& operator=(const buffer_base&) = delete;
+
   /// First byte (NULL for zero bytes).
   void* data() const {
     void* p = nullptr;
