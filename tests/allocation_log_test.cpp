@@ -83,6 +83,34 @@ TEST_P(AllocationLog, EveryAllocationAndFreeIsOneRowInRmmsColumns) {
   }
 }
 
+// An export hands the memory to the caller: it leaves arcpool as at a free, so the log has its
+// free row (before, none: a replay or a plot of the log kept the allocation live for ever).
+TEST_P(AllocationLog, AnExportIsTheAllocationsFreeRow) {
+  scratch_dir dir;
+  const fs::path file = dir.path() / "trace.csv";
+  ASSERT_OK(arcpool_allocator_log_open(alloc_, file.c_str()));
+  arcpool_stream_t s = make_stream();
+  arcpool_allocation_t* a = allocate(4096, s);
+  void* p = nullptr;
+  ASSERT_OK(arcpool_allocation_export(a, &p));
+  arcpool_allocation_release(a);
+  ASSERT_OK(arcpool_allocator_log_close(alloc_));
+  free_exported(p, 4096, s);
+
+  const std::vector<std::string> lines = lines_of(file);
+  ASSERT_EQ(3u, lines.size());
+  char pointer[32];
+  std::snprintf(pointer, sizeof pointer, "%p", p);
+  const char* actions[] = {"allocate", "free"};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<std::string> row = fields_of(lines[1 + i]);
+    ASSERT_EQ(6u, row.size()) << lines[1 + i];
+    EXPECT_EQ(actions[i], row[2]);
+    EXPECT_EQ(pointer, row[3]);
+    EXPECT_EQ("4096", row[4]);
+  }
+}
+
 TEST_P(AllocationLog, TheEnvironmentGivesEveryAllocatorItsOwnFile) {
   scratch_dir dir;
   const fs::path file = dir.path() / "trace.csv";

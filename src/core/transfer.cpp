@@ -235,6 +235,9 @@ arcpool_status_t allocator::export_memory(allocation& a, void** out) {
   ARCPOOL_RETURN_IF_ERROR(ownership_failure(a, a.owners.accept_export(), "export"));
   a.uses.clear();
   stats_.count(stat::exports);
+  // The memory leaves arcpool here, as at a free: the log's row, else a replay or a plot of it
+  // keeps the allocation live for ever (and meets its address again when the pool lends it).
+  if (log_.enabled()) log_.write("free", a.placement.data, a.placement.size, a.current.handle);
   nvtx::forget_region(a.placement.data);
   stats_.sub(stat::bytes_in_use, a.placement.size);
   stats_.sub(stat::allocations_in_use, 1);
