@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include "support/driver_test.hpp"
+#include "support/stream_probe.hpp"
 
 namespace arcpool::test {
 namespace {
@@ -290,6 +294,47 @@ TEST_P(RawPointer, FindingADefaultAllocatorNeverCreatesOne) {
   ASSERT_LT(length, sizeof json);
   EXPECT_NE(nullptr, std::strstr(json, "\"allocations\": 0,")) << json;
   EXPECT_NE(nullptr, std::strstr(json, "\"other\": 1")) << json;
+}
+
+// arcpool_default_allocator_set never blocks. The allocator it replaces, when the table held its
+// last reference, is torn down by the janitor, whose teardown waits for the pending frees. (Before,
+// the caller's thread tore it down: here it would have waited for a stream held by a gate; so
+// would any thread whose by-pointer allocation ended the last lookup of a retired default.)
+TEST(DefaultAllocatorTable, AReplacedDefaultIsTornDownOffTheCallersThread) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_HOST;
+  arcpool_allocator_t* old = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &old));
+  arcpool_stream_t s = nullptr, user = nullptr;
+  ASSERT_OK(arcpool_stream_create(old, &s));
+  ASSERT_OK(arcpool_stream_create(old, &user));
+  std::unique_ptr<gate> busy = make_host_probe(old)->block(user);
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_allocate_async(old, kBytes, 0, s, 0, &a));
+  ASSERT_OK(arcpool_record_use(a, user));
+  ASSERT_OK(arcpool_deallocate_async(a, s, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));  // behind the gate
+  arcpool_allocation_release(a);
+  ASSERT_OK(arcpool_stream_destroy(old, s));
+  ASSERT_OK(arcpool_stream_destroy(old, user));
+  ASSERT_OK(arcpool_default_allocator_set(0, old));
+  arcpool_allocator_destroy(old);  // the table holds the last reference
+
+  std::promise<void> returned;
+  std::future<void> set_returned = returned.get_future();
+  std::atomic<bool> had_to_open{false};
+  std::thread watchdog([&] {
+    if (set_returned.wait_for(std::chrono::seconds(5)) == std::future_status::timeout) {
+      had_to_open = true;
+      busy->open();  // lets a blocked teardown, and the test, end
+    }
+  });
+  EXPECT_OK(arcpool_default_allocator_set(0, nullptr));  // replaces it
+  returned.set_value();
+  watchdog.join();
+  EXPECT_FALSE(had_to_open.load())
+      << "the replaced default was torn down on the caller's thread, waiting for its free";
+  busy->open();  // the janitor's teardown ends
 }
 
 ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(RawPointer);

@@ -52,8 +52,9 @@ void reclaim_retired(default_table& t) noexcept {
     done.swap(t.retired);
     t.retired_pending.store(false, std::memory_order_seq_cst);
   }
+  // Torn down by the janitor: this thread may be an allocation's, or a capture's.
   for (allocator* a : done)
-    a->release();
+    a->release_elsewhere();
 }
 
 }  // namespace
@@ -148,7 +149,7 @@ arcpool_status_t set_default_allocator(int device, allocator* a) {
       }
     }
   }
-  if (previous != nullptr) previous->release();
+  if (previous != nullptr) previous->release_elsewhere();  // "never blocks"
   reclaim_retired(t);
   return ARCPOOL_STATUS_SUCCESS;
 }

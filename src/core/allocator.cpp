@@ -97,6 +97,12 @@ void allocator::release() noexcept {
   }
 }
 
+void allocator::release_elsewhere() noexcept {
+  if (!refs_.decrement()) return;
+  closing_.store(true, std::memory_order_seq_cst);
+  janitor_adopt(this);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Streams
 

@@ -39,6 +39,9 @@ class allocator {
   /// allocation record is left (at once, or by the janitor; teardown blocks on pending
   /// reclaims).
   void release() noexcept;
+  /// release for a caller that must not block (the default table, whose calls never do): after
+  /// the last reference the janitor tears the allocator down, never the calling thread.
+  void release_elsewhere() noexcept;
 
   /// An allocation record was created through a handle of this allocator / destroyed (counted
   /// in the shard `slot`). record_destroyed must be the record's last touch of the allocator.
