@@ -35,6 +35,28 @@ std::vector<std::string> fields_of(const std::string& row) {
   return fields;
 }
 
+/// Expects `lines` to be the header, then an allocate row and a free row of `bytes` at `p`, on
+/// `stream`.
+void expect_allocate_then_free(const std::vector<std::string>& lines, void* p, size_t bytes,
+                               arcpool_stream_t stream) {
+  ASSERT_EQ(3u, lines.size());
+  EXPECT_EQ("Thread,Time,Action,Pointer,Size,Stream", lines[0]);
+  char pointer[32];
+  std::snprintf(pointer, sizeof pointer, "%p", p);
+  char stream_column[32];
+  std::snprintf(stream_column, sizeof stream_column, "%lx",
+                static_cast<unsigned long>(reinterpret_cast<uintptr_t>(stream)));
+  const char* actions[] = {"allocate", "free"};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<std::string> row = fields_of(lines[1 + i]);
+    ASSERT_EQ(6u, row.size()) << lines[1 + i];
+    EXPECT_EQ(actions[i], row[2]);
+    EXPECT_EQ(pointer, row[3]);
+    EXPECT_EQ(std::to_string(bytes), row[4]);
+    EXPECT_EQ(stream_column, row[5]);
+  }
+}
+
 /// A fresh directory, removed with the test.
 class scratch_dir {
  public:
@@ -64,23 +86,7 @@ TEST_P(AllocationLog, EveryAllocationAndFreeIsOneRowInRmmsColumns) {
   arcpool_allocation_t* unlogged = allocate(64, s);  // after the close: not in the file
   arcpool_allocation_release(unlogged);
 
-  const std::vector<std::string> lines = lines_of(file);
-  ASSERT_EQ(3u, lines.size());
-  EXPECT_EQ("Thread,Time,Action,Pointer,Size,Stream", lines[0]);
-  char pointer[32];
-  std::snprintf(pointer, sizeof pointer, "%p", p);
-  char stream[32];
-  std::snprintf(stream, sizeof stream, "%lx",
-                static_cast<unsigned long>(reinterpret_cast<uintptr_t>(s)));
-  const char* actions[] = {"allocate", "free"};
-  for (int i = 0; i < 2; ++i) {
-    const std::vector<std::string> row = fields_of(lines[1 + i]);
-    ASSERT_EQ(6u, row.size()) << lines[1 + i];
-    EXPECT_EQ(actions[i], row[2]);
-    EXPECT_EQ(pointer, row[3]);
-    EXPECT_EQ("12345", row[4]);
-    EXPECT_EQ(stream, row[5]);
-  }
+  expect_allocate_then_free(lines_of(file), p, 12345, s);
 }
 
 // An export hands the memory to the caller: it leaves arcpool as at a free, so the log has its
@@ -97,18 +103,7 @@ TEST_P(AllocationLog, AnExportIsTheAllocationsFreeRow) {
   ASSERT_OK(arcpool_allocator_log_close(alloc_));
   free_exported(p, 4096, s);
 
-  const std::vector<std::string> lines = lines_of(file);
-  ASSERT_EQ(3u, lines.size());
-  char pointer[32];
-  std::snprintf(pointer, sizeof pointer, "%p", p);
-  const char* actions[] = {"allocate", "free"};
-  for (int i = 0; i < 2; ++i) {
-    const std::vector<std::string> row = fields_of(lines[1 + i]);
-    ASSERT_EQ(6u, row.size()) << lines[1 + i];
-    EXPECT_EQ(actions[i], row[2]);
-    EXPECT_EQ(pointer, row[3]);
-    EXPECT_EQ("4096", row[4]);
-  }
+  expect_allocate_then_free(lines_of(file), p, 4096, s);  // the free on the current stream
 }
 
 TEST_P(AllocationLog, TheEnvironmentGivesEveryAllocatorItsOwnFile) {

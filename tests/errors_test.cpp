@@ -430,15 +430,10 @@ ARCPOOL_INSTANTIATE_FOR_DRIVERS(OutOfMemory);
 /// On the host driver the fault is injected; on a GPU it comes from a faulting kernel (the
 /// stress and fault tests of tools/device-check).
 TEST(StickyError, IsReportedAsCudaErrorWithItsNameAndNothingHangs) {
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_HOST;
-  arcpool_allocator_t* alloc = nullptr;
-  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(alloc, &s));
-  arcpool_stream_t other = nullptr;
-  ASSERT_OK(arcpool_stream_create(alloc, &other));
+  standalone_host_allocator host;
+  ASSERT_NO_FATAL_FAILURE(make_standalone_host_allocator(&host));
+  arcpool_allocator_t* alloc = host.alloc;
+  arcpool_stream_t s = host.s, other = host.other;
   arcpool_allocation_t* live = nullptr;
   arcpool_allocation_t* pending = nullptr;
   {
@@ -472,15 +467,10 @@ TEST(StickyError, IsReportedAsCudaErrorWithItsNameAndNothingHangs) {
 /// on_free came anyway: an IPC import was then released to its exporter, which freed it, while
 /// the other stream's work could still read it.)
 TEST(StickyError, AnImportWhoseUsesCannotBeSeenCompleteIsNeverReportedFree) {
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_HOST;
-  arcpool_allocator_t* alloc = nullptr;
-  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
-  arcpool_stream_t s = nullptr;
-  ASSERT_OK(arcpool_stream_create(alloc, &s));
-  arcpool_stream_t user = nullptr;
-  ASSERT_OK(arcpool_stream_create(alloc, &user));
+  standalone_host_allocator host;
+  ASSERT_NO_FATAL_FAILURE(make_standalone_host_allocator(&host));
+  arcpool_allocator_t* alloc = host.alloc;
+  arcpool_stream_t s = host.s, user = host.other;
   static unsigned char foreign[kBytes];
   std::atomic<int> reported{0};
   const arcpool_on_free_t on_free = [](void*, size_t, void* calls) {

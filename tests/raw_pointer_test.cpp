@@ -301,14 +301,10 @@ TEST_P(RawPointer, FindingADefaultAllocatorNeverCreatesOne) {
 // the caller's thread tore it down: here it would have waited for a stream held by a gate; so
 // would any thread whose by-pointer allocation ended the last lookup of a retired default.)
 TEST(DefaultAllocatorTable, AReplacedDefaultIsTornDownOffTheCallersThread) {
-  arcpool_allocator_options_t options;
-  arcpool_allocator_options_init(&options);
-  options.driver = ARCPOOL_DRIVER_HOST;
-  arcpool_allocator_t* old = nullptr;
-  ASSERT_OK(arcpool_allocator_create(&options, &old));
-  arcpool_stream_t s = nullptr, user = nullptr;
-  ASSERT_OK(arcpool_stream_create(old, &s));
-  ASSERT_OK(arcpool_stream_create(old, &user));
+  standalone_host_allocator host;
+  ASSERT_NO_FATAL_FAILURE(make_standalone_host_allocator(&host));
+  arcpool_allocator_t* old = host.alloc;
+  arcpool_stream_t s = host.s, user = host.other;
   std::unique_ptr<gate> busy = make_host_probe(old)->block(user);
   arcpool_allocation_t* a = nullptr;
   ASSERT_OK(arcpool_allocate_async(old, kBytes, 0, s, 0, &a));

@@ -21,6 +21,15 @@ bool gpu_required() {
   return env != nullptr && std::strcmp(env, "1") == 0;
 }
 
+void make_standalone_host_allocator(standalone_host_allocator* out) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_HOST;
+  ASSERT_OK(arcpool_allocator_create(&options, &out->alloc));
+  ASSERT_OK(arcpool_stream_create(out->alloc, &out->s));
+  ASSERT_OK(arcpool_stream_create(out->alloc, &out->other));
+}
+
 std::string cuda_unavailable_reason() {
   static const std::string reason = [] {
     std::string why;

@@ -24,6 +24,17 @@ bool gpu_required();
 /// Why the CUDA driver cannot run here ("" when it can).
 std::string cuda_unavailable_reason();
 
+/// An allocator on the host driver with default options and two streams of its own, for a test
+/// that stands alone because it breaks or replaces its allocator (a sticky error, the default
+/// table). The caller destroys the allocator.
+struct standalone_host_allocator {
+  arcpool_allocator_t* alloc = nullptr;
+  arcpool_stream_t s = nullptr;
+  arcpool_stream_t other = nullptr;
+};
+/// Makes `*out` (a fatal failure when it cannot).
+void make_standalone_host_allocator(standalone_host_allocator* out);
+
 /// Skips (or fails, when a GPU is required) unless the CUDA driver can run.
 #define ARCPOOL_REQUIRE_CUDA_OR_SKIP()                                                      \
   do {                                                                                      \
