@@ -677,6 +677,30 @@ TEST_F(IpcExporter, AnAllocationTheImporterCannotImportIsRefusedAndItsClaimGoes)
   let_importer_exit();
 }
 
+// An importer destroyed while allocations it never received are queued or still to come
+// refuses them: the exporter's claims on them go while the importing process lives. Before, they
+// stayed until that process exited, pinning the exporter's memory in a process that makes a new
+// importer for each job.
+TEST_F(IpcExporter, ADestroyedImporterRefusesWhatItNeverReceived) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  ASSERT_NO_FATAL_FAILURE(start("ImporterDestroysWithAllocationsUnreceived"));
+  ASSERT_EQ('c', read_report(c.pipe)) << "the importer did not connect";
+  for (int value : {0x51, 0x52, 0x53})
+    send_filled(a, {e}, s, value);
+  ASSERT_EQ(1, write(c.pipe, "x", 1));
+  // The importer received two, released the first (whose release read the third into its
+  // queue) and was destroyed holding the second.
+  ASSERT_EQ('d', read_report(c.pipe)) << "the importer did not report its destroy";
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 1; }))
+      << outstanding(e) << " claims, where only the import still held should be left";
+  // One more, sent after the destroy, is read by the next release and refused too.
+  send_filled(a, {e}, s, 0x54);
+  ASSERT_EQ(1, write(c.pipe, "x", 1));
+  expect_claims_gone_then_exit('f', "last release");
+  ASSERT_OK(arcpool_stream_synchronize(a, s));
+  EXPECT_TRUE(eventually([&] { return bytes_not_freed(a) == 0; })) << bytes_not_freed(a);
+}
+
 // arcpool_ipc_exporter_destroy "Never blocks": not even when the socket is full because the
 // importer does not read (the goodbye then goes as the end of the exporter's side).
 TEST_F(IpcExporter, AnAllocationWhoseStreamCapturesIsNotSentAndTheCaptureGoesOn) {
@@ -930,6 +954,28 @@ TEST(IpcChild, DISABLED_ImporterConnectsAndWaits) {
   arcpool_ipc_importer_destroy(side.im);
   ASSERT_NO_FATAL_FAILURE(side.end_stream());
   arcpool_allocator_destroy(side.a);
+}
+
+TEST(IpcChild, DISABLED_ImporterDestroysWithAllocationsUnreceived) {
+  importing_side side;
+  ASSERT_NO_FATAL_FAILURE(side.connect());
+  report('c');
+  wait_for_parent();  // three allocations were sent
+  arcpool_allocation_t* first = side.receive_filled(0x51);
+  ASSERT_NE(nullptr, first);
+  arcpool_allocation_t* second = side.receive_filled(0x52);
+  ASSERT_NE(nullptr, second);
+  ASSERT_NO_FATAL_FAILURE(side.release(first));  // its release reads the third, queued
+  arcpool_ipc_importer_destroy(side.im);
+  report('d');
+  // The exporter sends a fourth, then says go on.
+  wait_for_parent();
+  ASSERT_NO_FATAL_FAILURE(side.release(second));  // its release reads the fourth
+  report('f');
+  wait_for_parent();
+  ASSERT_NO_FATAL_FAILURE(side.end_stream());
+  arcpool_allocator_destroy(side.a);
+  EXPECT_EQ("", take_simcuda_violations());
 }
 
 TEST(IpcChild, DISABLED_ImporterFailsAnImport) {

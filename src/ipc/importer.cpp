@@ -21,6 +21,7 @@ importer::~importer() {
   // (cudaIpcOpenEventHandle: "Performing operations on the imported event after the exported
   // event has been freed with cudaEventDestroy will result in undefined behavior"). They go
   // with the process; there is one per import still unacknowledged at the close.
+  if (destroyed_) drain();  // allocations that arrived since the last read are refused
   if (free_stream_ != nullptr) drv_.stream_destroy(free_stream_);  // queued frees still run
   // cudaMemPoolDestroy returns at once; the pool goes once its imports are all freed.
   if (pool_ != nullptr) drv_.imported_pool_destroy(pool_);
@@ -129,10 +130,7 @@ arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t
   if (const arcpool_status_t status = drv_.import_pointer(pool_, m.pointer, &p);
       status != ARCPOOL_STATUS_SUCCESS) {
     // Nothing was imported, so nothing here will use it: the exporter's claim may go now.
-    message refused;
-    refused.kind = message_kind::refused;
-    refused.id = m.id;
-    channel_.send(refused);  // PEER_GONE: an exited exporter needs no word
+    refuse(m.id, /*may_block=*/true);
     return status;
   }
   // The first use waits on the exporter's event, recorded after its writes.
@@ -170,6 +168,10 @@ void importer::take(const message& m) noexcept {
     case message_kind::allocation: {
       {
         std::lock_guard<std::mutex> lock(mu_);
+        if (destroyed_) {
+          refuse(m.id, /*may_block=*/false);  // no receive will take it
+          break;
+        }
         try {
           pending_.push_back(m);
           break;
@@ -179,15 +181,45 @@ void importer::take(const message& m) noexcept {
       }
       std::fprintf(stderr, "arcpool: IPC allocation %llu refused: no host memory to queue it\n",
                    static_cast<unsigned long long>(m.id));
-      message refused;
-      refused.kind = message_kind::refused;
-      refused.id = m.id;
-      channel_.send(refused);  // the exporter's claim goes; PEER_GONE: it needs no word
+      refuse(m.id, /*may_block=*/true);
       break;
     }
     default:
       break;  // nothing else comes from an exporter
   }
+}
+
+void importer::refuse(uint64_t id, bool may_block) noexcept {
+  message refused;
+  refused.kind = message_kind::refused;
+  refused.id = id;
+  // PEER_GONE: an exited exporter needs no word.
+  if (may_block) {
+    channel_.send(refused);
+  } else if (!channel_.try_send(refused)) {
+    std::fprintf(stderr,
+                 "arcpool: IPC allocation %llu not refused (the socket is full): the exporter "
+                 "keeps its claim until this process exits\n",
+                 static_cast<unsigned long long>(id));
+  }
+}
+
+void importer::destroy() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    destroyed_ = true;
+  }
+  drain();  // what has arrived: its allocations are refused as they are read
+  std::deque<message> unreceived;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    unreceived.swap(pending_);
+  }
+  // Never blocks (arcpool_ipc_importer_destroy): a refusal the full socket cannot take now
+  // leaves that claim to this process's exit, as before.
+  for (const message& m : unreceived)
+    refuse(m.id, /*may_block=*/false);
+  unref();
 }
 
 void importer::drain() noexcept {

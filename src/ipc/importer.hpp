@@ -24,8 +24,10 @@ class importer {
 
   /// arcpool_ipc_receive.
   arcpool_status_t receive(arcpool_stream_t stream, arcpool_allocation_t** out);
-  /// The user's handle goes.
-  void destroy() noexcept { unref(); }
+  /// The user's handle goes. No receive follows: the allocations sent and not yet received
+  /// are refused now, and those still to arrive as they are read, so that the exporter's claims
+  /// on them go while this process lives.
+  void destroy() noexcept;
 
  private:
   /// What arcpool_import would refuse of `stream` (another device's, a non-primary context's:
@@ -49,8 +51,12 @@ class importer {
   void recycle(uint64_t id) noexcept;
   /// Acts on a message from the exporter that is not the allocation a receive waits for: an
   /// acknowledged release event is recycled, a goodbye ends the connection, an allocation waits
-  /// in pending_ for the next receive. Takes mu_.
+  /// in pending_ for the next receive (once destroyed, it is refused). Takes mu_.
   void take(const message& m) noexcept;
+  /// Tells the exporter that allocation `id` will never be imported here: its claim goes.
+  /// Blocks only while the socket is full and `may_block`; one not sent keeps the claim until
+  /// this process exits.
+  void refuse(uint64_t id, bool may_block) noexcept;
   /// Reads what the exporter sent that has arrived whole, without blocking, unless a receive is
   /// reading: its acknowledgements must not pile up unread while no receive runs, or the
   /// exporter, then the importer's own releases, would block on full sockets.
@@ -70,6 +76,7 @@ class importer {
   std::unordered_map<uint64_t, ipc_event_pool::entry> release_events_;  ///< by import id
   std::deque<message> pending_;  ///< allocations a drain read, for the next receives
   bool exporter_gone_ = false;
+  bool destroyed_ = false;  ///< the user's handle went: no receive will take an allocation
   std::atomic<int> refs_{1};
 };
 
