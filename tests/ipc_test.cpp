@@ -677,6 +677,21 @@ TEST_F(IpcExporter, AnAllocationTheImporterCannotImportIsRefusedAndItsClaimGoes)
   let_importer_exit();
 }
 
+// A release whose event cannot be recorded is not told to the exporter (that claim stays until
+// the importing process exits), and its event goes back to the importer's pool: the next release
+// reuses it. Before, the event was neither pooled nor destroyed.
+TEST_F(IpcExporter, AReleaseWhoseEventCannotBeRecordedGivesTheEventBack) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  if (!on_simcuda()) GTEST_SKIP() << "injects the failed record with simcuda_fail_next";
+  ASSERT_NO_FATAL_FAILURE(start("ImporterFailsARelease"));
+  send_filled(a, {e}, s, 0x61);
+  send_filled(a, {e}, s, 0x62);
+  ASSERT_EQ('f', read_report(c.pipe)) << "the importer did not report its releases";
+  EXPECT_TRUE(eventually([&] { return outstanding(e) == 1; }))
+      << outstanding(e) << " claims, where only the untold release's should be left";
+  let_importer_exit();
+}
+
 // An importer destroyed while allocations it never received are queued or still to come
 // refuses them: the exporter's claims on them go while the importing process lives. Before, they
 // stayed until that process exited, pinning the exporter's memory in a process that makes a new
@@ -954,6 +969,30 @@ TEST(IpcChild, DISABLED_ImporterConnectsAndWaits) {
   arcpool_ipc_importer_destroy(side.im);
   ASSERT_NO_FATAL_FAILURE(side.end_stream());
   arcpool_allocator_destroy(side.a);
+}
+
+TEST(IpcChild, DISABLED_ImporterFailsARelease) {
+  importing_side side;
+  ASSERT_NO_FATAL_FAILURE(side.connect());
+  arcpool_allocation_t* first = side.receive_filled(0x61);
+  ASSERT_NE(nullptr, first);
+  arcpool_allocation_t* second = side.receive_filled(0x62);
+  ASSERT_NE(nullptr, second);
+  // The deallocation's own fence is recorded now; the next record is the release's event.
+  ASSERT_OK(arcpool_deallocate_async(first, side.s, 0));
+  ASSERT_TRUE(simcuda_fail_next("cudaEventRecord", cudaErrorInvalidValue));
+  ASSERT_OK(arcpool_allocation_release(first));
+  ASSERT_OK(arcpool_allocator_trim(side.a, 0));  // completes the reclaim: the release fails
+  const uint64_t events_before = simcuda_calls("cudaIpcGetEventHandle");
+  ASSERT_NO_FATAL_FAILURE(side.release(second));
+  EXPECT_EQ(0u, simcuda_calls("cudaIpcGetEventHandle") - events_before)
+      << "the second release made a new event: the first's was lost";
+  report('f');
+  wait_for_parent();
+  arcpool_ipc_importer_destroy(side.im);
+  ASSERT_NO_FATAL_FAILURE(side.end_stream());
+  arcpool_allocator_destroy(side.a);
+  EXPECT_EQ("", take_simcuda_violations());
 }
 
 TEST(IpcChild, DISABLED_ImporterDestroysWithAllocationsUnreceived) {

@@ -253,7 +253,10 @@ void importer::release_import(void* p, uint64_t id) noexcept {
   arcpool_status_t status = drv_.imported_free(p, free_stream_);
   ipc_event_pool::entry e;
   if (status == ARCPOOL_STATUS_SUCCESS) status = events_.take(&e);
-  if (status == ARCPOOL_STATUS_SUCCESS) status = drv_.event_record(e.event, free_stream_);
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    status = drv_.event_record(e.event, free_stream_);
+    if (status != ARCPOOL_STATUS_SUCCESS) events_.give_back(e);  // never sent: reusable
+  }
   if (status != ARCPOOL_STATUS_SUCCESS) {
     // Untold, the exporter keeps its claim until this process exits: never an early free.
     std::fprintf(stderr, "arcpool: IPC import %llu not released to the exporter: %s\n",
