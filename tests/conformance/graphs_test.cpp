@@ -6,7 +6,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "conformance.hpp"
 
@@ -112,6 +115,71 @@ TEST_F(Graphs, StreamGetIdOnACapturingStreamAnswersItsIdOrRefuses) {
   }
   if (graph != nullptr) cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
+}
+
+// cudaStreamBeginCapture, cudaStreamCaptureModeGlobal: while a thread captures in global mode,
+// every other thread "is prohibited from potentially unsafe API calls"; the reference names no
+// complete list. arcpool's CUDA driver makes the calls below outside its relaxed-mode guard
+// (they take no stream a capture could use). For each, made by another thread during a global
+// capture, the line printed says what this runtime answers and whether the capture survives
+// (device-check keeps it): if one is refused, it needs the guard too. Either way the answer and
+// the capture must agree with themselves.
+TEST_F(Graphs, CallsTheDriverMakesUnguardedAnswerConsistentlyDuringAnotherThreadsGlobalCapture) {
+  cudaEvent_t old_event = nullptr;  // made before the capture, destroyed during it
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&old_event, cudaEventDisableTiming));
+  cudaStream_t old_stream = make_stream();  // likewise
+  cudaEvent_t ipc_event = nullptr;          // its handle is asked during it
+  ASSERT_EQ(cudaSuccess,
+            cudaEventCreateWithFlags(&ipc_event, cudaEventDisableTiming | cudaEventInterprocess));
+  cudaEvent_t new_event = nullptr;
+  cudaStream_t new_stream = nullptr;
+  cudaIpcEventHandle_t handle{};
+  const std::pair<const char*, std::function<cudaError_t()>> probes[] = {
+      {"cudaEventCreateWithFlags",
+       [&] { return cudaEventCreateWithFlags(&new_event, cudaEventDisableTiming); }},
+      {"cudaEventDestroy", [&] { return cudaEventDestroy(old_event); }},
+      {"cudaStreamCreateWithFlags",
+       [&] { return cudaStreamCreateWithFlags(&new_stream, cudaStreamNonBlocking); }},
+      {"cudaStreamDestroy", [&] { return cudaStreamDestroy(old_stream); }},
+      {"cudaIpcGetEventHandle", [&] { return cudaIpcGetEventHandle(&handle, ipc_event); }},
+  };
+  bool old_event_destroyed = false, old_stream_destroyed = false;
+  for (const auto& [call, make] : probes) {
+    cudaStream_t s = make_stream();
+    ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    cudaError_t answered = cudaErrorUnknown;
+    std::thread([&, make = make] { answered = make(); }).join();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    EXPECT_EQ(cudaSuccess, cudaStreamIsCapturing(s, &status));
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+    std::printf(
+        "[probe] %s on another thread during a global capture: %s; the capture then %s; "
+        "cudaStreamEndCapture: %s\n",
+        call, cudaGetErrorName(answered),
+        status == cudaStreamCaptureStatusActive ? "active" : "invalidated",
+        cudaGetErrorName(ended));
+    RecordProperty(std::string(call) + "_during_global_capture", cudaGetErrorName(answered));
+    EXPECT_EQ(status == cudaStreamCaptureStatusActive, ended == cudaSuccess)
+        << call << ": the capture's status and its end disagree";
+    EXPECT_EQ(ended == cudaSuccess, graph != nullptr) << call << ": an end without its graph";
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+    if (answered == cudaSuccess && std::strcmp(call, "cudaEventDestroy") == 0) {
+      old_event_destroyed = true;
+    }
+    if (answered == cudaSuccess && std::strcmp(call, "cudaStreamDestroy") == 0) {
+      old_stream_destroyed = true;
+    }
+    (void)cudaGetLastError();  // a refusal is not left for the next probe
+  }
+  // What the probes made, and what they did not destroy, goes now.
+  if (new_event != nullptr) cudaEventDestroy(new_event);
+  if (new_stream != nullptr) cudaStreamDestroy(new_stream);
+  if (!old_event_destroyed) cudaEventDestroy(old_event);
+  if (!old_stream_destroyed) cudaStreamDestroy(old_stream);
+  cudaEventDestroy(ipc_event);
+  (void)cudaGetLastError();
 }
 
 TEST_F(Graphs, AGraphWithMemoryNodesHasOneInstantiationAtATime) {
