@@ -166,5 +166,30 @@ class CuPyCaptureIntoGraphPools(unittest.TestCase):
         self.runtime.call("cudaStreamDestroy", ctypes.c_void_p(s.ptr))
 
 
+    def test_a_capture_ended_through_another_object_of_its_stream_is_undone(self):
+        # CuPy lets several objects share one stream ("the ptr may be shared between multiple
+        # Stream instances", _BaseStream.__eq__; Stream.from_external makes a new one at every
+        # call). A capture begun through one and ended through another is still unbound, its pool
+        # released and its stream unregistered: keyed by the object, it was left registered for
+        # ever (arcpool could then act on a stream the application destroyed).
+        ptr = self.runtime.stream()
+        before = _graph_pool_bytes()
+        begun = self.cupy.cuda.ExternalStream(ptr)  # alive: the other object is another one
+        begun.begin_capture()
+        p = self.lib.arcpool_malloc_async(4096, 0, ptr)
+        self.assertTrue(p, self.lib.arcpool_last_error())
+        _check(self.lib.arcpool_free_async(p, 4096, 0, ptr), "arcpool_free_async")
+        graph = self.cupy.cuda.ExternalStream(ptr).end_capture()
+        del begun
+        self.runtime.call("cudaGraphDestroy", ctypes.c_void_p(graph))
+        self.assertNotEqual(0, self.lib.arcpool_stream_unregister(
+            arcpool._lib.default_allocator(0), ptr), "still registered after the capture")
+        deadline = time.time() + 10
+        while _graph_pool_bytes() != before and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(before, _graph_pool_bytes(), "the pool's memory went back")
+        self.runtime.call("cudaStreamSynchronize", ctypes.c_void_p(ptr))
+        self.runtime.call("cudaStreamDestroy", ctypes.c_void_p(ptr))
+
 if __name__ == "__main__":
     unittest.main()
