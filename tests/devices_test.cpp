@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <random>
 #include <string>
@@ -318,6 +319,71 @@ TEST(Devices, AFailedSwitchIsAnErrorAndNothingRunsOnTheWrongDevice) {
     ASSERT_OK(arcpool_stream_create(alloc, &s)) << "the next call switches again";
     ASSERT_OK(arcpool_stream_destroy(alloc, s));
     arcpool_allocator_destroy(alloc);
+  }).join();
+}
+
+// The before-free hook "may enqueue work on `stream`" (arcpool.h): it runs with the allocator's
+// device current, whatever the freeing thread's, so that its work lands where the free does.
+// On a thread of device 0, device 1's legacy default stream (NULL) was device 0's for the hook:
+// its fill wrote device 1's pool memory from device 0, ordered with neither the uses nor the
+// free. Each way a free reaches the hook: into a stream's cache, to the pool, and deferred (the
+// trim completes it on this thread).
+TEST(Devices, TheBeforeFreeHookRunsOnTheAllocatorsDevice) {
+  ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
+  std::thread([] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    struct seen_devices {
+      std::mutex mutex;
+      std::vector<int> devices;
+    } seen;
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_CUDA;
+    options.device = 1;
+    options.before_free_user_data = &seen;
+    options.before_free = [](void* p, size_t bytes, arcpool_stream_t stream, void* user_data) {
+      auto& record = *static_cast<seen_devices*>(user_data);
+      int device = -1;
+      EXPECT_EQ(cudaSuccess, cudaGetDevice(&device));
+      EXPECT_EQ(cudaSuccess, cudaMemsetAsync(p, 0xdd, bytes, static_cast<cudaStream_t>(stream)));
+      std::lock_guard<std::mutex> lock(record.mutex);
+      record.devices.push_back(device);
+    };
+    arcpool_allocator_t* alloc = nullptr;
+    ASSERT_OK(arcpool_allocator_create(&options, &alloc));
+    arcpool_stream_t s = nullptr;
+    ASSERT_OK(arcpool_stream_create(alloc, &s));
+    const size_t bytes = size_t{1} << 16;
+    struct free_case {
+      arcpool_stream_t stream;
+      uint32_t allocation_flags;
+      uint32_t deallocation_flags;
+    };
+    const free_case cases[] = {
+        {s, 0, 0},        // into the stream's cache
+        {nullptr, 0, 0},  // into the legacy default stream's cache
+        {nullptr, ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME, 0},  // to the pool
+        {nullptr, 0, ARCPOOL_DEALLOCATE_FLAG_DEFERRED},                // deferred
+    };
+    for (const free_case& c : cases) {
+      arcpool_allocation_t* a = nullptr;
+      ASSERT_OK(arcpool_allocate_async(alloc, bytes, 0, c.stream, c.allocation_flags, &a));
+      ASSERT_OK(arcpool_deallocate_async(a, c.stream, c.deallocation_flags));
+      arcpool_allocation_release(a);
+    }
+    ASSERT_OK(arcpool_allocator_trim(alloc, 0));  // completes the deferred free here
+    {
+      std::lock_guard<std::mutex> lock(seen.mutex);
+      EXPECT_EQ(std::vector<int>(std::size(cases), 1), seen.devices)
+          << "the devices current in the hook";
+    }
+    int device = -1;
+    ASSERT_EQ(cudaSuccess, cudaGetDevice(&device));
+    EXPECT_EQ(0, device) << "the hook's switch was left behind";
+    ASSERT_OK(arcpool_stream_synchronize(alloc, s));
+    ASSERT_OK(arcpool_stream_destroy(alloc, s));
+    arcpool_allocator_destroy(alloc);
+    EXPECT_EQ("", take_simcuda_violations());
   }).join();
 }
 

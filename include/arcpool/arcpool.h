@@ -161,8 +161,10 @@ typedef int (*arcpool_oom_callback_t)(size_t requested_bytes, void* user_data);
 /** Debug hook: called right before arcpool enqueues the free of [pointer, pointer + bytes) on
  * `stream`, after every wait the free needs, so that work it enqueues on `stream` (a poison
  * fill) runs after the last use and before the memory can be reused. Runs on the deallocating
- * thread or the reclaim worker, with arcpool's locks held: it may enqueue work on `stream`
- * (a kernel, or arcpool_stream_launch_host_func) and must call nothing else of arcpool. */
+ * thread or the reclaim worker, with arcpool's locks held and the allocator's device current
+ * (CUDA: its primary context, the thread's own restored after; NULL is that device's legacy
+ * default stream): it may enqueue work on `stream` (a kernel, or
+ * arcpool_stream_launch_host_func) and must call nothing else of arcpool. */
 typedef void (*arcpool_before_free_t)(void* pointer, size_t bytes, arcpool_stream_t stream,
                                       void* user_data);
 

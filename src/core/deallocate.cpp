@@ -162,8 +162,8 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
                                        block_cache* target_cache, stat::counter route_counter,
                                        stats::local& st) {
   if (config_.before_free != nullptr) {
-    config_.before_free(a.placement.base, a.placement.held_bytes, target,
-                        config_.before_free_user_data);
+    run_before_free(*driver_, config_.before_free, config_.before_free_user_data, a.placement.base,
+                    a.placement.held_bytes, target);
   }
   // Every wait the block needs is enqueued on `target`: its cache may keep it (§4) if its size
   // and alignment allow (graph memory never: it is never lent as pool memory).
@@ -317,16 +317,17 @@ bool allocator::free_into_cache(allocation& a, block_cache& cache, stream_stats&
   // the before-free hook runs there once the free is accepted.
   const size_t size = a.placement.size;
   bool row_counted = false;
-  const bool kept = cache.put_if(a.placement.base, a.placement.held_bytes,
-                                 config_.stream_cache_bytes, [&](const spinlock& held) {
-                                   if (!a.owners.end_sole_ownership()) return false;
-                                   row_counted = row.freed_if_guarded_by(held, size);
-                                   if (config_.before_free != nullptr) {
-                                     config_.before_free(a.placement.base, a.placement.held_bytes,
-                                                         s, config_.before_free_user_data);
-                                   }
-                                   return true;
-                                 });
+  const bool kept =
+      cache.put_if(a.placement.base, a.placement.held_bytes, config_.stream_cache_bytes,
+                   [&](const spinlock& held) {
+                     if (!a.owners.end_sole_ownership()) return false;
+                     row_counted = row.freed_if_guarded_by(held, size);
+                     if (config_.before_free != nullptr) {
+                       run_before_free(*driver_, config_.before_free, config_.before_free_user_data,
+                                       a.placement.base, a.placement.held_bytes, s);
+                     }
+                     return true;
+                   });
   if (!kept) return false;
   if (!row_counted) row.freed(size);
   if (notes_cache_moves_) driver_->note_release(a.placement.base, a.placement.held_bytes, s);

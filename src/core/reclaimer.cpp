@@ -14,6 +14,23 @@ namespace {
 thread_local bool t_completing = false;
 }  // namespace
 
+void run_before_free(driver& d, arcpool_before_free_t hook, void* user_data, void* pointer,
+                     size_t bytes, stream_handle s) noexcept {
+  struct call {
+    arcpool_before_free_t hook;
+    void* user_data;
+    void* pointer;
+    size_t bytes;
+    stream_handle stream;
+  } c{hook, user_data, pointer, bytes, s};
+  d.run_on_device(
+      [](void* context) {
+        const call& k = *static_cast<const call*>(context);
+        k.hook(k.pointer, k.bytes, k.stream, k.user_data);
+      },
+      &c);
+}
+
 reclaimer::reclaimer(driver& drv, event_pool& events, stats& counters, history& recorded,
                      arcpool_before_free_t before_free, void* before_free_user_data)
     : driver_(drv),
@@ -30,7 +47,9 @@ arcpool_status_t reclaimer::free_on(reclaim_item& item, stream_handle s) {
   // such frees as uses after free (all 100 it printed; bench/results/2026-12-04-h200).
   for (const fence_ref& f : item.fences)
     ARCPOOL_RETURN_IF_ERROR(driver_.stream_wait_event(s, f->event()));
-  if (before_free_ != nullptr) before_free_(item.pointer, item.bytes, s, before_free_user_data_);
+  if (before_free_ != nullptr) {
+    run_before_free(driver_, before_free_, before_free_user_data_, item.pointer, item.bytes, s);
+  }
   return driver_.pool_free(item.pointer, item.bytes, s);
 }
 

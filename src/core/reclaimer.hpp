@@ -23,6 +23,13 @@
 
 namespace arcpool::detail {
 
+/// Runs the before-free hook `hook` (not null) on [pointer, pointer + bytes) and `s` with `d`'s
+/// device current (driver::run_on_device): arcpool.h lets the hook enqueue work on `s`, which
+/// must land on the allocator's device, as the free that follows does, whatever the freeing
+/// thread's current device.
+void run_before_free(driver& d, arcpool_before_free_t hook, void* user_data, void* pointer,
+                     size_t bytes, stream_handle s) noexcept;
+
 /// One deferred free: memory to give back (or foreign memory to report through `on_free`)
 /// once every fence has completed. Made by reclaimer::prepare, before the caller changes
 /// anything, so that queueing it cannot fail.

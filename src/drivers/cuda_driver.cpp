@@ -490,6 +490,11 @@ class cuda_driver final : public driver {
     discard(cudaSetDevice(device_));  // arcpool's own thread: its device is arcpool's to set
   }
 
+  void run_on_device(void (*fn)(void*), void* context) noexcept override {
+    device_guard guard(device_, primary_);
+    if (guard.status() == ARCPOOL_STATUS_SUCCESS) fn(context);
+  }
+
  private:
   const int device_;
   /// The retain of the device's primary context: destroyed after the destructor's body, so

@@ -183,6 +183,10 @@ class driver {
   /// Prepares the calling thread to be arcpool's reclaim worker (CUDA: relaxed capture mode,
   /// so its event queries never invalidate another thread's graph capture).
   virtual void enter_reclaim_thread() noexcept = 0;
+  /// Runs the application's `fn(context)` with this driver's device current (CUDA: its primary
+  /// context, the caller's restored after), so that work `fn` enqueues lands on this device,
+  /// a default stream handle included. When the switch fails, `fn` does not run.
+  virtual void run_on_device(void (*fn)(void*), void* context) noexcept { fn(context); }
 
   // --- Checking (the deterministic host driver; no-ops elsewhere) -------------------------
   /// False when everything must run on the caller's threads (deterministic mode): arcpool then
