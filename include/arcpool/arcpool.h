@@ -48,8 +48,10 @@ ARCPOOL_API int arcpool_version(void);
 
 /**
  * A stream. Type-compatible with cudaStream_t (both are `struct CUstream_st*`), so CUDA
- * streams are passed directly. NULL is the legacy default stream. On the host driver a stream
- * is a worker created by arcpool_stream_create.
+ * streams are passed directly. NULL is the legacy default stream. NULL and cudaStreamPerThread
+ * name the allocator's device's default streams, whatever the calling thread's current device
+ * (design.md §6, "Default streams"). On the host driver a stream is a worker created by
+ * arcpool_stream_create.
  */
 typedef struct CUstream_st* arcpool_stream_t;
 
