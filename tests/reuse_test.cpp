@@ -3,8 +3,15 @@
 // and fill it, then release the hold: the reader must still see the original pattern. Three
 // streams, as in RMM's cross-stream reuse bug. Poison mode is on, so a free that ran early also
 // shows as a mismatch. On both drivers (device kernels on CUDA, host work on the host driver).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "pattern.hpp"
 #include "support/driver_test.hpp"
 #include "workload.hpp"
 
@@ -182,6 +189,51 @@ TEST_P(Reuse, PoisonModeCatchesAFreeWithoutItsFence) {
 }
 
 ARCPOOL_INSTANTIATE_FOR_DRIVERS(Reuse);
+
+// The poison kernel of a device-1 allocator's free, made by a thread whose current device is 0,
+// runs: the before-free hook runs with the allocator's device current, and "a kernel launch will
+// fail if it is issued to a stream that is not associated with the current device" (CUDA
+// programming guide, "Stream and Event Behavior"; simcuda refuses it too). Before, the launch
+// failed and the freed block was never poisoned.
+TEST(ReuseOnTwoDevices, AFreeFromAThreadOnAnotherDeviceIsPoisoned) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  int devices = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&devices));
+  if (devices < 2) GTEST_SKIP() << "needs two CUDA devices (one here)";
+  std::thread([] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    const std::unique_ptr<kernels::workload> work = kernels::make_cuda_workload();
+    ASSERT_NE(nullptr, work) << "kernels off";
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_CUDA;
+    options.device = 1;
+    options.before_free = &kernels::workload::poison_before_free;
+    options.before_free_user_data = work.get();
+    arcpool_allocator_t* alloc = nullptr;
+    ASSERT_OK(arcpool_allocator_create(&options, &alloc));
+    arcpool_stream_t s = nullptr;
+    ASSERT_OK(arcpool_stream_create(alloc, &s));
+    constexpr size_t kWords = 1024;
+    arcpool_allocation_t* a = nullptr;
+    ASSERT_OK(arcpool_allocate_async(alloc, kWords * 4, 0, s, 0, &a));
+    void* p = nullptr;
+    ASSERT_OK(arcpool_allocation_data(a, &p));
+    ASSERT_OK(arcpool_deallocate_async(a, s, 0));  // into s's cache, poisoned first
+    arcpool_allocation_release(a);
+    ASSERT_OK(arcpool_stream_synchronize(alloc, s));
+    // The block stays in the cache, allocated as far as the pool goes: read it back on its
+    // device (only device 1 has access to its pool).
+    std::vector<uint32_t> words(kWords, 0);
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(words.data(), p, kWords * 4, cudaMemcpyDefault));
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    EXPECT_EQ(std::vector<uint32_t>(kWords, kernels::kPoisonWord), words)
+        << "the freed block was not poisoned";
+    ASSERT_OK(arcpool_stream_destroy(alloc, s));
+    arcpool_allocator_destroy(alloc);
+  }).join();
+}
 
 }  // namespace
 }  // namespace arcpool::test

@@ -158,6 +158,30 @@ TEST_F(Events, AQueryIsNotReadyUntilTheRecordedWorkCompleted) {
   cudaStreamDestroy(s);
 }
 
+// cudaEventRecord: "event and stream must be on the same CUDA context". The legacy default
+// stream (0) is the current device's: an event made on device 0 is refused on it while device 1
+// is current, and taken once device 0 is current again (the programming guide, "Stream and
+// Event Behavior": "cudaEventRecord() will fail if the input event and input stream are
+// associated to different devices").
+TEST_F(Events, ARecordOnAnotherDevicesDefaultStreamIsRefused) {
+  int devices = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&devices));
+  if (devices < 2) GTEST_SKIP() << "needs two devices";
+  std::thread([] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    cudaEvent_t e = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
+    EXPECT_EQ(cudaErrorInvalidResourceHandle, cudaEventRecord(e, nullptr));
+    EXPECT_EQ(cudaErrorInvalidResourceHandle, cudaEventRecord(e, cudaStreamPerThread));
+    cudaGetLastError();
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    EXPECT_EQ(cudaSuccess, cudaEventRecord(e, nullptr));
+    EXPECT_EQ(cudaSuccess, cudaEventSynchronize(e));
+    cudaEventDestroy(e);
+  }).join();
+}
+
 TEST_F(Events, AWaitTakesTheEventsStateAtTheCall) {
   words w;
   cudaStream_t held = make_stream(cudaStreamNonBlocking);

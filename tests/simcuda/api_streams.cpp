@@ -307,9 +307,15 @@ cudaError_t event_record(cudaEvent_t ev, cudaStream_t handle, bool ptds) {
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
   // cudaEventRecord: "event and stream must be on the same CUDA context"; cuEventRecord: "hEvent
   // and hStream must be from the same context otherwise CUDA_ERROR_INVALID_HANDLE is returned".
-  // Only created streams carry their context: simcuda gives a cuCtxCreate context no default
-  // streams of its own.
-  if (s->type == stream_obj::kind::created && e->context != 0 && e->context != s->context) {
+  // Created streams carry their context. Default streams are their device's primary context's
+  // here (simcuda gives a cuCtxCreate context no default streams of its own), so an event of
+  // another device's primary context is refused on them; one of a cuCtxCreate context is not
+  // checked.
+  const bool primary_event = std::any_of(
+      rt().devices.begin(), rt().devices.end(),
+      [&](const auto& d) { return e->context == reinterpret_cast<uintptr_t>(d.get()); });
+  if (e->context != 0 && e->context != s->context &&
+      (s->type == stream_obj::kind::created || primary_event)) {
     return ret(cudaErrorInvalidResourceHandle);
   }
   cudaError_t err = cudaSuccess;

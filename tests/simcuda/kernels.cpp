@@ -132,6 +132,9 @@ cudaError_t launch(cudaKernel_t kernel, dim3 grid, dim3 block, void** args, cuda
   }
   stream_obj* s = resolve_stream(stream, ptds, "__cudaLaunchKernel");
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
+  // Programming guide, "Stream and Event Behavior": "A kernel launch will fail if it is issued
+  // to a stream that is not associated with the current device."
+  if (s->device != ts().device) return ret(cudaErrorInvalidResourceHandle);
   if (k->plan == nullptr) {
     violation(format("kernel %s has no host twin (unmapped kernel)", k->name.c_str()));
     return ret(cudaErrorInvalidDeviceFunction);
