@@ -284,6 +284,31 @@ TEST_P(Streams, AFreeFromAnotherThreadWaitsForThePerThreadStreamsAllocationAndTr
   arcpool_allocation_release(transferred);
 }
 
+/// An import on another thread's per-thread default stream, made after work queued there (the
+/// producer of the imported memory), orders what this thread does with it: its fence is taken
+/// at the import, as at an allocation. Before, an import took none, and a transfer from here
+/// (or a free, whose on_free gives the memory back) waited for nothing.
+TEST_P(Streams, AnImportOnThePerThreadStreamOrdersATransferFromAnotherThread) {
+  const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
+  static unsigned char foreign[64];  // never touched: arcpool only tracks it
+  arcpool_allocation_t* a = nullptr;
+  gate* held = nullptr;
+  std::thread([&] {
+    held = &block(per_thread);  // the producer's work, queued before the import
+    EXPECT_OK(arcpool_import(alloc_, foreign, sizeof foreign, per_thread, 0, nullptr, nullptr, &a));
+  }).join();
+  ASSERT_NE(nullptr, a);
+  EXPECT_OK(arcpool_transfer(a, s_));
+  auto after = mark(s_);
+  settle(s_);
+  EXPECT_FALSE(after->reached()) << "the transfer did not wait for the importing thread's stream";
+  held->open();
+  sync(s_);
+  EXPECT_TRUE(after->reached());
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+}
+
 /// A use another thread records of its per-thread default stream, the allocation's current
 /// stream, after more work queued there: a free made from here waits for that work too. (The
 /// record did nothing: the current stream's own order covers it, but not for a free from a

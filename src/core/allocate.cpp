@@ -316,11 +316,21 @@ arcpool_status_t allocator::import(void* pointer, size_t size, stream_handle s, 
   p.data = pointer;
   p.on_free = on_free;
   p.on_free_user_data = user_data;
+  // As at an allocation (allocate_uncached): another thread cannot fence this thread's
+  // per-thread default stream, whose work so far (the memory's producer) its frees and
+  // transfers must follow: fence it now (§6).
+  fence_ref named;
+  if (p.origin.kind == stream_kind::per_thread_default) {
+    if (arcpool_status_t status = take_fence(p.origin, &named); status != ARCPOOL_STATUS_SUCCESS) {
+      return failed(status);
+    }
+  }
   p.serial = next_serial();
   allocation* a = new (std::nothrow) allocation(*this, p);
   if (a == nullptr) {
     return failed(fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for an allocation record"));
   }
+  a->current_fence = std::move(named);
   record_created();
   stats_.count(stat::imports);
   *out = a;
