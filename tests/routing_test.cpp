@@ -115,6 +115,34 @@ TEST_P(Routing, PreferOriginFallsBackWhenTheOriginIsNotProvablyAlive) {
   arcpool_allocation_release(a);
 }
 
+// An origin capturing a graph (another thread's, say) cannot take the free: enqueued there it
+// would be a node of that graph, not a free now. A memory whose current stream is another falls
+// back to wait-and-free, as for an origin not provably alive. Before, the free was refused
+// (UNSUPPORTED), and a last reference's implicit free wrote the memory off.
+TEST_P(Routing, PreferOriginFallsBackWhenTheOriginCaptures) {
+  arcpool_allocation_t* a = allocate(kBytes, origin_);
+  EXPECT_OK(arcpool_transfer(a, caller_));
+  ASSERT_OK(core().drv().stream_begin_capture(origin_));
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  ASSERT_OK(core().drv().stream_end_capture(origin_));
+  sync(caller_);
+  EXPECT_EQ(1u, stats().origin_fallbacks);
+  EXPECT_EQ(0u, stats().origin_routed_frees);
+  EXPECT_EQ(1u, stats().frees);
+  arcpool_allocation_release(a);
+  // Memory still current on the capturing origin cannot be fenced there: refused, and no
+  // fallback is counted for a free that did not happen.
+  arcpool_allocation_t* b = allocate(kBytes, origin_);
+  ASSERT_OK(core().drv().stream_begin_capture(origin_));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED,
+                arcpool_deallocate_async(b, caller_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  ASSERT_OK(core().drv().stream_end_capture(origin_));
+  EXPECT_EQ(1u, stats().origin_fallbacks) << "a refused free counted as a fallback";
+  EXPECT_EQ(1u, stats().frees);
+  EXPECT_OK(arcpool_deallocate_async(b, origin_, 0));
+  arcpool_allocation_release(b);
+}
+
 TEST_P(Routing, DeferredHasNoFalseDependencyAndFreesOnTheOriginAfterTheFences) {
   arcpool_allocation_t* a = allocation_in_use_on_busy(origin_);
   void* const block = data(a);

@@ -148,7 +148,7 @@ typedef enum arcpool_routing_t {
   /** The caller's stream waits on the other streams' fences, then frees. */
   ARCPOOL_ROUTING_WAIT_AND_FREE = 1,
   /** The origin stream waits on the fences, then frees into its own lane; falls back to
-   * wait-and-free (counted) when the origin is not provably alive. */
+   * wait-and-free (counted) when the origin is not provably alive or is capturing a graph. */
   ARCPOOL_ROUTING_PREFER_ORIGIN = 2,
   /** The reclaim worker polls the fences and frees on the origin stream (if provably alive)
    * or on arcpool's own reclaim stream once they completed. No false dependency. */
@@ -799,7 +799,7 @@ ARCPOOL_API arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* po
   X(same_stream_frees, "deallocations freed directly on the origin stream")           \
   X(cross_stream_frees, "deallocations involving another stream than the origin")     \
   X(origin_routed_frees, "frees that ran on the origin stream for another stream")    \
-  X(origin_fallbacks, "prefer-origin frees whose origin was not provably alive")      \
+  X(origin_fallbacks, "prefer-origin frees whose origin was gone or capturing")       \
   X(deferred_frees, "frees queued on the reclaim worker")                             \
   X(transfers, "transfers")                                                           \
   X(use_records, "use records added")                                                 \

@@ -260,24 +260,29 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
                            stat::same_stream_frees);
   }
 
+  bool fell_back = false;  // counted once the fallback freed
   if (r == route::prefer_origin && origin.id != caller.id) {
     if (origin.provably_alive()) {
       ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, origin.id, &fences));
-      // The origin stays alive for the whole call: waits, commit and free.
+      // The origin stays alive for the whole call: waits, commit and free. An origin capturing
+      // a graph cannot take the free (it would be a node of that graph): the caller's stream
+      // does, as for an origin not provably alive.
+      bool origin_capturing = false;
       const std::optional<arcpool_status_t> freed = origin.entry->with_alive([&](stream_handle h) {
-        ARCPOOL_RETURN_IF_ERROR(check_not_capturing(origin, "deallocate"));
+        ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(h, &origin_capturing));
+        if (origin_capturing) return ARCPOOL_STATUS_SUCCESS;
         ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, force, implicit, h, cache_for(origin),
                                                 fences, stat::cross_stream_frees));
         stream_stats_of(origin).cross_stream_free();
         stats_.count(stat::origin_routed_frees);
         return ARCPOOL_STATUS_SUCCESS;
       });
-      if (freed) return *freed;
-      // Retired since the check: fence again (the origin's final fence among them, if it is
-      // the current stream) and free on the caller's stream.
+      if (freed && !origin_capturing) return *freed;
+      // Retired since the check, or capturing: fence again (the origin's final fence among
+      // them, if it is the current stream) and free on the caller's stream.
       fences.clear();
     }
-    stats_.count(stat::origin_fallbacks);
+    fell_back = true;
     r = route::wait_and_free;
   }
 
@@ -286,6 +291,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, force, implicit, caller.handle,
                                             cache_for(caller), fences, stat::cross_stream_frees));
     stream_stats_of(origin).cross_stream_free();
+    if (fell_back) stats_.count(stat::origin_fallbacks);
     return ARCPOOL_STATUS_SUCCESS;
   }
 
