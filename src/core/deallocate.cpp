@@ -55,7 +55,13 @@ arcpool_status_t allocator::collect_fences_of_uses(allocation& a, const stream_r
   };
   if (caller != nullptr && fresh(caller->id))
     ARCPOOL_RETURN_IF_ERROR(fence_stream(a, *caller, out));
-  if (fresh(a.current.id)) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, a.current, out));
+  if (a.current.retired()) {
+    // Its final fence, which covers nothing queued since: the stream, registered again, may
+    // have a use record of its own (the same id, another entry), fenced below.
+    if (a.current.id != skip_id) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, a.current, out));
+  } else if (fresh(a.current.id)) {
+    ARCPOOL_RETURN_IF_ERROR(fence_stream(a, a.current, out));
+  }
   for (const use_record& u : a.uses) {
     if (u.at_deallocation && u.stream.reachable()) {
       if (fresh(u.stream.id)) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, u.stream, out));

@@ -274,7 +274,8 @@ class harness {
              "wait_stream");
       declare(*h, s, "read on a side stream");
     }
-    expect(model_.record_use(h->id, s), arcpool_record_use(h->h, stream(s)), "record_use");
+    expect(model_.record_use(h->id, s, registration_of(s)), arcpool_record_use(h->h, stream(s)),
+           "record_use");
   }
 
   void view() {

@@ -21,7 +21,7 @@ struct allocation {
   /// The registration of the current stream when it became current (0: none). Once that
   /// registration is withdrawn, arcpool can no longer enqueue on it (export is refused).
   int current_registration = 0;
-  std::set<int> uses;  // stream indexes, never the current one
+  std::set<int> uses;  // stream indexes: the current one only once registered again
 };
 
 /// The state table as functions: each returns the status arcpool must answer and applies the
@@ -100,10 +100,15 @@ class reference_model {
     return ARCPOOL_STATUS_SUCCESS;
   }
 
-  arcpool_status_t record_use(int id, int stream) {
+  /// A use of `stream`, whose registration now is `registration` (0: none). The current
+  /// stream's own order covers a use of it, unless the registration it had when it became
+  /// current was withdrawn and it is registered again: then it is another stream to arcpool.
+  arcpool_status_t record_use(int id, int stream, int registration) {
     allocation& a = at(id);
     if (!usable(a)) return ARCPOOL_STATUS_ALREADY_DEALLOCATED;
-    if (stream != a.current) a.uses.insert(stream);
+    const bool registered_again =
+        a.current_registration != 0 && registration != 0 && registration != a.current_registration;
+    if (stream != a.current || registered_again) a.uses.insert(stream);
     return ARCPOOL_STATUS_SUCCESS;
   }
 
