@@ -872,6 +872,15 @@ struct importing_side {
     ASSERT_OK(arcpool_stream_synchronize(a, s));
     ASSERT_OK(arcpool_stream_destroy(a, s));
   }
+  /// Destroys the importer (unless the test did), the stream and the allocator, and expects no
+  /// simcuda violation.
+  void close_and_check() {
+    arcpool_ipc_importer_destroy(im);
+    im = nullptr;
+    ASSERT_NO_FATAL_FAILURE(end_stream());
+    arcpool_allocator_destroy(a);
+    EXPECT_EQ("", take_simcuda_violations());
+  }
 };
 
 TEST(IpcChild, DISABLED_ImporterChecksAndFrees) {
@@ -955,10 +964,7 @@ TEST(IpcChild, DISABLED_ImporterReceivesAllThenReleases) {
   }
   report('f');
   wait_for_parent();
-  arcpool_ipc_importer_destroy(side.im);
-  ASSERT_NO_FATAL_FAILURE(side.end_stream());
-  arcpool_allocator_destroy(side.a);
-  EXPECT_EQ("", take_simcuda_violations());
+  side.close_and_check();
 }
 
 TEST(IpcChild, DISABLED_ImporterConnectsAndWaits) {
@@ -989,10 +995,7 @@ TEST(IpcChild, DISABLED_ImporterFailsARelease) {
       << "the second release made a new event: the first's was lost";
   report('f');
   wait_for_parent();
-  arcpool_ipc_importer_destroy(side.im);
-  ASSERT_NO_FATAL_FAILURE(side.end_stream());
-  arcpool_allocator_destroy(side.a);
-  EXPECT_EQ("", take_simcuda_violations());
+  side.close_and_check();
 }
 
 TEST(IpcChild, DISABLED_ImporterDestroysWithAllocationsUnreceived) {
@@ -1005,16 +1008,14 @@ TEST(IpcChild, DISABLED_ImporterDestroysWithAllocationsUnreceived) {
   arcpool_allocation_t* second = side.receive_filled(0x52);
   ASSERT_NE(nullptr, second);
   ASSERT_NO_FATAL_FAILURE(side.release(first));  // its release reads the third, queued
-  arcpool_ipc_importer_destroy(side.im);
+  arcpool_ipc_importer_destroy(std::exchange(side.im, nullptr));
   report('d');
   // The exporter sends a fourth, then says go on.
   wait_for_parent();
   ASSERT_NO_FATAL_FAILURE(side.release(second));  // its release reads the fourth
   report('f');
   wait_for_parent();
-  ASSERT_NO_FATAL_FAILURE(side.end_stream());
-  arcpool_allocator_destroy(side.a);
-  EXPECT_EQ("", take_simcuda_violations());
+  side.close_and_check();
 }
 
 TEST(IpcChild, DISABLED_ImporterFailsAnImport) {
