@@ -326,8 +326,9 @@ TEST(Devices, AFailedSwitchIsAnErrorAndNothingRunsOnTheWrongDevice) {
 // device current, whatever the freeing thread's, so that its work lands where the free does.
 // On a thread of device 0, device 1's legacy default stream (NULL) was device 0's for the hook:
 // its fill wrote device 1's pool memory from device 0, ordered with neither the uses nor the
-// free. Each way a free reaches the hook: into a stream's cache, to the pool, and deferred (the
-// trim completes it on this thread).
+// free. Each way a free reaches the hook: the fast path into a stream's cache, a free from
+// another stream (free_block), and a deferred one (completed by the reclaim worker, or by the
+// trim on this thread).
 TEST(Devices, TheBeforeFreeHookRunsOnTheAllocatorsDevice) {
   ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
   std::thread([] {
@@ -355,20 +356,20 @@ TEST(Devices, TheBeforeFreeHookRunsOnTheAllocatorsDevice) {
     ASSERT_OK(arcpool_stream_create(alloc, &s));
     const size_t bytes = size_t{1} << 16;
     struct free_case {
-      arcpool_stream_t stream;
-      uint32_t allocation_flags;
-      uint32_t deallocation_flags;
+      arcpool_stream_t allocated_on;
+      arcpool_stream_t freed_on;
+      uint32_t flags;
     };
     const free_case cases[] = {
-        {s, 0, 0},        // into the stream's cache
-        {nullptr, 0, 0},  // into the legacy default stream's cache
-        {nullptr, ARCPOOL_ALLOCATION_FLAG_INDETERMINATE_LIFETIME, 0},  // to the pool
-        {nullptr, 0, ARCPOOL_DEALLOCATE_FLAG_DEFERRED},                // deferred
+        {s, s, 0},                                             // into the stream's cache
+        {nullptr, nullptr, 0},                                 // into the legacy stream's
+        {s, nullptr, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE},   // from another stream
+        {nullptr, nullptr, ARCPOOL_DEALLOCATE_FLAG_DEFERRED},  // through the reclaimer
     };
     for (const free_case& c : cases) {
       arcpool_allocation_t* a = nullptr;
-      ASSERT_OK(arcpool_allocate_async(alloc, bytes, 0, c.stream, c.allocation_flags, &a));
-      ASSERT_OK(arcpool_deallocate_async(a, c.stream, c.deallocation_flags));
+      ASSERT_OK(arcpool_allocate_async(alloc, bytes, 0, c.allocated_on, 0, &a));
+      ASSERT_OK(arcpool_deallocate_async(a, c.freed_on, c.flags));
       arcpool_allocation_release(a);
     }
     ASSERT_OK(arcpool_allocator_trim(alloc, 0));  // completes the deferred free here

@@ -678,9 +678,9 @@ TEST_F(IpcExporter, AnAllocationTheImporterCannotImportIsRefusedAndItsClaimGoes)
 }
 
 // A release whose event cannot be recorded is not told to the exporter (that claim stays until
-// the importing process exits), and its event goes back to the importer's pool: the next release
-// reuses it. Before, the event was neither pooled nor destroyed.
-TEST_F(IpcExporter, AReleaseWhoseEventCannotBeRecordedGivesTheEventBack) {
+// the importing process exits), and its event, which no other process holds, is destroyed.
+// Before, it was neither pooled nor destroyed.
+TEST_F(IpcExporter, AReleaseWhoseEventCannotBeRecordedDestroysTheEvent) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   if (!on_simcuda()) GTEST_SKIP() << "injects the failed record with simcuda_fail_next";
   ASSERT_NO_FATAL_FAILURE(start("ImporterFailsARelease"));
@@ -984,15 +984,26 @@ TEST(IpcChild, DISABLED_ImporterFailsARelease) {
   ASSERT_NE(nullptr, first);
   arcpool_allocation_t* second = side.receive_filled(0x62);
   ASSERT_NE(nullptr, second);
-  // The deallocation's own fence is recorded now; the next record is the release's event.
+  // The stream is held until the failure is armed: the deallocation's own fence, recorded
+  // behind the hold, cannot complete before, so the release (whose event record is the next
+  // record of the process) cannot run before either.
+  std::atomic<bool> go{false};
+  ASSERT_EQ(cudaSuccess, cudaLaunchHostFunc(
+                             static_cast<cudaStream_t>(side.s),
+                             [](void* flag) {
+                               while (!static_cast<std::atomic<bool>*>(flag)->load())
+                                 std::this_thread::yield();
+                             },
+                             &go));
   ASSERT_OK(arcpool_deallocate_async(first, side.s, 0));
   ASSERT_TRUE(simcuda_fail_next("cudaEventRecord", cudaErrorInvalidValue));
+  go = true;
+  const uint64_t destroyed_before = simcuda_calls("cudaEventDestroy");
   ASSERT_OK(arcpool_allocation_release(first));
   ASSERT_OK(arcpool_allocator_trim(side.a, 0));  // completes the reclaim: the release fails
-  const uint64_t events_before = simcuda_calls("cudaIpcGetEventHandle");
+  EXPECT_EQ(1u, simcuda_calls("cudaEventDestroy") - destroyed_before)
+      << "the release event whose record failed was kept (lost, or pooled for reuse)";
   ASSERT_NO_FATAL_FAILURE(side.release(second));
-  EXPECT_EQ(0u, simcuda_calls("cudaIpcGetEventHandle") - events_before)
-      << "the second release made a new event: the first's was lost";
   report('f');
   wait_for_parent();
   side.close_and_check();

@@ -235,30 +235,38 @@ TEST_P(RetiredStreams, ADeallocationOnItsUnregisteredCurrentStreamWaitsForTheWor
 
 /// A stream unregistered and registered again is a new stream to arcpool: an allocation whose
 /// current stream it was keeps the retired entry (its final fence), and a use recorded of the
-/// stream since is a use like any other's, waited for. Before, the record matched the current
-/// stream's id and was dropped as covered by its order, and the free waited on the final fence
-/// alone.
+/// stream since is a use like any other's, waited for by an explicit free from another stream
+/// and by a dropped last claim (freed on the current stream: the retired entry). Before, the
+/// record matched the current stream's id and was dropped as covered by its order, and the free
+/// waited on the final fence alone.
 TEST_P(RetiredStreams, AUseRecordedOfItsCurrentStreamRegisteredAgainIsWaitedFor) {
-  arcpool_stream_t app = registered();
-  arcpool_allocation_t* a = allocate(kBytes, origin_);
-  void* const mem = data(a);
-  EXPECT_OK(arcpool_transfer(a, app));
-  ASSERT_OK(arcpool_stream_unregister(alloc_, app));
-  ASSERT_OK(arcpool_stream_register(alloc_, app));
-  sync(app);  // the final fence completed: a free waiting on it alone is due at once
-  gate& busy = block(app);
-  fill_async(app, mem, kBytes, 0x36);
-  EXPECT_OK(arcpool_record_use(a, app));
-  const uint64_t frees = stats().frees;
-  EXPECT_OK(arcpool_deallocate_async(a, caller_, 0));
-  run_unheld({origin_, current_, caller_});
-  expect_pending(1, kBytes, frees);  // waiting for the fill
-  busy.open();
-  sync(app);
-  finish_reclaims();
-  EXPECT_EQ(frees + 1, stats().frees);
-  arcpool_allocation_release(a);
-  ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+  for (const bool explicit_free : {true, false}) {
+    SCOPED_TRACE(explicit_free ? "an explicit free from another stream" : "a dropped last claim");
+    arcpool_stream_t app = registered();
+    arcpool_allocation_t* a = allocate(kBytes, origin_);
+    void* const mem = data(a);
+    EXPECT_OK(arcpool_transfer(a, app));
+    ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+    ASSERT_OK(arcpool_stream_register(alloc_, app));
+    sync(app);  // the final fence completed: a free waiting on it alone is due at once
+    gate& busy = block(app);
+    fill_async(app, mem, kBytes, 0x36);
+    EXPECT_OK(arcpool_record_use(a, app));
+    const uint64_t frees = stats().frees;
+    if (explicit_free) {
+      EXPECT_OK(arcpool_deallocate_async(a, caller_, 0));
+      arcpool_allocation_release(a);
+    } else {
+      EXPECT_OK(arcpool_allocation_discard_and_release(a));
+    }
+    run_unheld({origin_, current_, caller_});
+    expect_pending(1, kBytes, frees);  // waiting for the fill
+    busy.open();
+    sync(app);
+    finish_reclaims();
+    EXPECT_EQ(frees + 1, stats().frees);
+    ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+  }
 }
 
 TEST_P(RetiredStreams, AUseRecordOnAStreamUnregisteredSinceIsCoveredByItsFinalFence) {

@@ -92,9 +92,9 @@ ARCPOOL_API arcpool_status_t arcpool_ipc_receive(arcpool_ipc_importer_t* importe
 /**
  * Drops the caller's handle. The connection closes, and the imported pool goes, once every
  * allocation received is freed. The allocations sent and not received, those queued now and
- * those that arrive later, are refused to the exporter, whose claims on them go while this
- * process lives (a refusal the full socket cannot take at once leaves that claim until this
- * process exits). Never blocks.
+ * those that arrive before the connection closes, are refused to the exporter, whose claims on
+ * them go while this process lives (a refusal that cannot be written at once, the socket being
+ * full or another thread sending, leaves that claim until this process exits). Never blocks.
  */
 ARCPOOL_API void arcpool_ipc_importer_destroy(arcpool_ipc_importer_t* importer);
 

@@ -233,6 +233,12 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   item->counted_on = &stream_stats_of(a.placement.origin);
   small_vector<uint64_t, 8> seen;
   auto add = [&](const stream_ref& s, const fence_ref* recorded) -> arcpool_status_t {
+    if (s.retired()) {
+      // Its final fence; apart from the id seen-list, as in collect_fences_of_uses: the stream,
+      // registered again, may have a live entry of the same id (a use record's).
+      item->fences.push_back(s.entry->final_fence());
+      return ARCPOOL_STATUS_SUCCESS;
+    }
     for (uint64_t id : seen)
       if (id == s.id) return ARCPOOL_STATUS_SUCCESS;
     seen.push_back(s.id);
@@ -244,10 +250,6 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
       } else if (a.current_fence && s.id == a.current.id) {
         item->fences.push_back(a.current_fence);
       }
-      return ARCPOOL_STATUS_SUCCESS;
-    }
-    if (s.retired()) {
-      item->fences.push_back(s.entry->final_fence());
       return ARCPOOL_STATUS_SUCCESS;
     }
     bool capturing = true;

@@ -46,26 +46,23 @@ arcpool_status_t allocator::collect_fences_of_uses(allocation& a, const stream_r
                                                    uint64_t skip_id, fence_list* out) {
   small_vector<uint64_t, 8> seen;
   if (skip_id != kSkipNone) seen.push_back(skip_id);
-  auto fresh = [&seen](uint64_t id) {
-    for (uint64_t s : seen) {
-      if (s == id) return false;
+  // A stream once per id, but a retired one apart: its final fence covers nothing queued since,
+  // and the stream, registered again, has a live entry of the same id (a use record's) that
+  // must be fenced too.
+  auto fresh = [&seen, skip_id](const stream_ref& s) {
+    if (s.retired()) return s.id != skip_id;
+    for (uint64_t id : seen) {
+      if (id == s.id) return false;
     }
-    seen.push_back(id);
+    seen.push_back(s.id);
     return true;
   };
-  if (caller != nullptr && fresh(caller->id))
-    ARCPOOL_RETURN_IF_ERROR(fence_stream(a, *caller, out));
-  if (a.current.retired()) {
-    // Its final fence, which covers nothing queued since: the stream, registered again, may
-    // have a use record of its own (the same id, another entry), fenced below.
-    if (a.current.id != skip_id) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, a.current, out));
-  } else if (fresh(a.current.id)) {
-    ARCPOOL_RETURN_IF_ERROR(fence_stream(a, a.current, out));
-  }
+  if (caller != nullptr && fresh(*caller)) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, *caller, out));
+  if (fresh(a.current)) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, a.current, out));
   for (const use_record& u : a.uses) {
     if (u.at_deallocation && u.stream.reachable()) {
-      if (fresh(u.stream.id)) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, u.stream, out));
-    } else if (fresh(u.stream.id)) {
+      if (fresh(u.stream)) ARCPOOL_RETURN_IF_ERROR(fence_stream(a, u.stream, out));
+    } else if (fresh(u.stream)) {
       out->push_back(u.fence);
     }
   }

@@ -198,8 +198,8 @@ void importer::refuse(uint64_t id, bool may_block) noexcept {
     channel_.send(refused);
   } else if (!channel_.try_send(refused)) {
     std::fprintf(stderr,
-                 "arcpool: IPC allocation %llu not refused (the socket is full): the exporter "
-                 "keeps its claim until this process exits\n",
+                 "arcpool: IPC allocation %llu not refused (the socket is full, or another "
+                 "thread is sending): the exporter keeps its claim until this process exits\n",
                  static_cast<unsigned long long>(id));
   }
 }
@@ -255,7 +255,9 @@ void importer::release_import(void* p, uint64_t id) noexcept {
   if (status == ARCPOOL_STATUS_SUCCESS) status = events_.take(&e);
   if (status == ARCPOOL_STATUS_SUCCESS) {
     status = drv_.event_record(e.event, free_stream_);
-    if (status != ARCPOOL_STATUS_SUCCESS) events_.give_back(e);  // never sent: reusable
+    // Never sent, so no other process holds it: destroyed, not pooled (the record may have
+    // failed because of the event itself, and the pool would hand it out next).
+    if (status != ARCPOOL_STATUS_SUCCESS) drv_.event_destroy(e.event);
   }
   if (status != ARCPOOL_STATUS_SUCCESS) {
     // Untold, the exporter keeps its claim until this process exits: never an early free.

@@ -25,8 +25,8 @@ class importer {
   /// arcpool_ipc_receive.
   arcpool_status_t receive(arcpool_stream_t stream, arcpool_allocation_t** out);
   /// The user's handle goes. No receive follows: the allocations sent and not yet received
-  /// are refused now, and those still to arrive as they are read, so that the exporter's claims
-  /// on them go while this process lives.
+  /// are refused now, and those read later (while imports are released, and at the teardown)
+  /// as they are read, so that the exporter's claims on them go while this process lives.
   void destroy() noexcept;
 
  private:
@@ -54,8 +54,8 @@ class importer {
   /// in pending_ for the next receive (once destroyed, it is refused). Takes mu_.
   void take(const message& m) noexcept;
   /// Tells the exporter that allocation `id` will never be imported here: its claim goes.
-  /// Blocks only while the socket is full and `may_block`; one not sent keeps the claim until
-  /// this process exits.
+  /// With `may_block` false, a refusal that would wait (a full socket, another thread sending)
+  /// is not sent, and the claim stays until this process exits.
   void refuse(uint64_t id, bool may_block) noexcept;
   /// Reads what the exporter sent that has arrived whole, without blocking, unless a receive is
   /// reading: its acknowledgements must not pile up unread while no receive runs, or the
