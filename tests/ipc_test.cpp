@@ -988,6 +988,10 @@ TEST(IpcChild, DISABLED_ImporterFailsARelease) {
   // behind the hold, cannot complete before, so the release (whose event record is the next
   // record of the process) cannot run before either.
   std::atomic<bool> go{false};
+  struct let_go_on_exit {  // an early return must not leave the stream spinning on `go`
+    std::atomic<bool>& flag;
+    ~let_go_on_exit() { flag = true; }
+  } let_go{go};
   ASSERT_EQ(cudaSuccess, cudaLaunchHostFunc(
                              static_cast<cudaStream_t>(side.s),
                              [](void* flag) {
@@ -997,8 +1001,9 @@ TEST(IpcChild, DISABLED_ImporterFailsARelease) {
                              &go));
   ASSERT_OK(arcpool_deallocate_async(first, side.s, 0));
   ASSERT_TRUE(simcuda_fail_next("cudaEventRecord", cudaErrorInvalidValue));
-  go = true;
+  // Read before the stream goes on: the reclaim worker may complete the release at once.
   const uint64_t destroyed_before = simcuda_calls("cudaEventDestroy");
+  go = true;
   ASSERT_OK(arcpool_allocation_release(first));
   ASSERT_OK(arcpool_allocator_trim(side.a, 0));  // completes the reclaim: the release fails
   EXPECT_EQ(1u, simcuda_calls("cudaEventDestroy") - destroyed_before)
