@@ -7,6 +7,7 @@
 // "Never enqueued on" is counted where the driver can count (the host drivers: every task
 // queued on the stream, fences, waits and frees included); on every driver the frees are
 // checked by the stream they were enqueued on, and a call on a destroyed stream fails.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
 
 namespace arcpool::test {
 namespace {
@@ -105,6 +107,33 @@ TEST_P(RetiredStreams, TheReclaimerNeverFreesOnAnOriginUnregisteredSinceTheAlloc
   ASSERT_EQ(1u, freed.size());
   EXPECT_NE(app, freed[0]);
   EXPECT_EQ(1u, stats().origin_fallbacks);
+  arcpool_allocation_release(a);
+}
+
+/// A fallback is a free made elsewhere (design.md §3, prefer-origin): when the reclaimer's free
+/// on its own stream fails, the memory is written off (a reclaim failure), not counted as a
+/// fallback.
+TEST_P(RetiredStreams, TheReclaimersFailedFallbackFreeIsNotCountedAsAFallback) {
+  if (GetParam().kind != ARCPOOL_DRIVER_CUDA || !on_simcuda()) {
+    GTEST_SKIP() << "fails the reclaimer's free with simcuda_fail_next";
+  }
+  arcpool_stream_t app = registered();
+  arcpool_allocation_t* a = allocate(kBytes, app);
+  EXPECT_OK(arcpool_transfer(a, current_));
+  gate& busy = block(current_);  // keeps the deferred free pending until app is retired
+  EXPECT_OK(arcpool_deallocate_async(a, caller_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+  run_unheld({caller_, origin_});
+  expect_pending(1, kBytes, 0);
+  ASSERT_TRUE(simcuda_fail_next("cudaFreeAsync", cudaErrorInvalidValue));  // the next free
+  busy.open();
+  sync(caller_);
+  sync(current_);
+  finish_reclaims();
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(1u, st.reclaim_failures);
+  EXPECT_EQ(0u, st.frees);
+  EXPECT_EQ(0u, st.origin_fallbacks) << "a free that failed counted as a fallback";
   arcpool_allocation_release(a);
 }
 

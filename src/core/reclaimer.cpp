@@ -270,11 +270,14 @@ void reclaimer::complete(reclaim_item& item, bool failed, bool prefer_origin) {
     if (status == ARCPOOL_STATUS_SUCCESS) {
       if (item.routed_to_origin) stats_.count(stat::origin_routed_frees);
     } else {
-      // Counted only when the origin was tried: a drain frees on the reclaim stream on purpose.
-      if (prefer_origin && item.routed_to_origin) stats_.count(stat::origin_fallbacks);
       stream_handle s = nullptr;
       status = reclaim_stream(&s);
       if (status == ARCPOOL_STATUS_SUCCESS) status = free_on(item, s);
+      // Counted once the fallback's free is made, and only when the origin was tried: a drain
+      // frees on the reclaim stream on purpose.
+      if (status == ARCPOOL_STATUS_SUCCESS && prefer_origin && item.routed_to_origin) {
+        stats_.count(stat::origin_fallbacks);
+      }
     }
   } catch (const std::bad_alloc&) {
     status = ARCPOOL_STATUS_OUT_OF_MEMORY;
