@@ -783,6 +783,39 @@ TEST(HostMemoryExhaustion, ALeakedAllocationsFreeTheHostHasNoMemoryForIsCountedN
   arcpool_allocator_destroy(alloc);
 }
 
+TEST(HostMemoryExhaustion, ADiscardAndReleaseRefusedItsFreeStillReleasesTheHandle) {
+  // The last owner's discard succeeds, and its deallocation (deferred: a use record of another
+  // stream) is refused for host memory. The handle's reference goes whatever the status
+  // (arcpool_allocation_discard_and_release): the caller may not use the handle again, so a
+  // kept reference would keep the UNOWNED allocation, and its memory, for ever.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
+  handoff h;
+  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  EXPECT_OK(arcpool_record_use(h.a, h.to));
+  arcpool_allocation_t* const observer = h.a;
+  EXPECT_OK(arcpool_allocation_retain(observer));
+  const int failed_before = g_throwing_news.failed.load();
+  g_throwing_news.to_fail = 1000;
+  const arcpool_status_t status = arcpool_allocation_discard_and_release(h.a);
+  g_throwing_news.to_fail = 0;
+  EXPECT_LT(failed_before, g_throwing_news.failed.load()) << "nothing was refused";
+  EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+  arcpool_allocation_info_t info;
+  info.struct_size = sizeof(info);
+  info.version = ARCPOOL_ALLOCATION_INFO_VERSION;
+  ASSERT_OK(arcpool_allocation_info(observer, &info));
+  EXPECT_EQ(ARCPOOL_ALLOCATION_UNOWNED, info.state);
+  EXPECT_EQ(1u, info.references) << "the released handle's reference was kept";
+  arcpool_allocation_release(observer);  // the last reference: the free is made now
+  const arcpool_stats_t st = stats_of(alloc);
+  EXPECT_EQ(0u, st.allocations_in_use_current);
+  EXPECT_EQ(0u, st.reclaim_failures);
+  EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
+  EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
+  arcpool_allocator_destroy(alloc);
+}
+
 TEST(HostMemoryExhaustion, AFreeDeferredToAGraphsEndFencesItsStreamsWithoutHostMemory) {
   // A free during a capture, of an allocation that five more streams of the capture use: once
   // the graph is gone, the reclaim worker fences the six streams (a fence list keeps four

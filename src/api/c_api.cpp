@@ -212,11 +212,16 @@ arcpool_status_t arcpool_allocation_discard_and_release(arcpool_allocation_t* al
   return traced(
       nvtx::op::discard, allocation->size, nullptr,
       [](arcpool_allocation_t* handle) {
+        // The reference goes whatever the status, a deallocation refused by a throw (no host
+        // memory) included: the caller may not use the handle again.
+        struct release_at_exit {
+          arcpool_allocation_t* handle;
+          ~release_at_exit() { arcpool::detail::release_handle(handle); }
+        } release{handle};
         auto& a = record_of(handle);
         bool last = false;
         arcpool_status_t status = a.owner.discard(a, &last);
         if (status == ARCPOOL_STATUS_SUCCESS && last) status = a.owner.deallocate_on_current(a);
-        arcpool::detail::release_handle(handle);
         return status;
       },
       allocation);
