@@ -290,6 +290,34 @@ TEST_P(GraphCapture, AFreeDuringCaptureWaitsForAUseOnAnotherThreadsPerThreadStre
   finish_and_expect_nothing_held();
 }
 
+// A per-thread default stream is no stream arcpool created or registered: arcpool refuses it
+// while it captures (docs/graphs.md), also once this thread's stream cache knows it from an
+// allocation made before the capture. An allocation accepted there took no fence (§6), and a
+// free from another thread after the graph's launch waited for nothing.
+TEST_P(GraphCapture, APerThreadStreamThisThreadUsedBeforeItsCaptureIsRefusedInIt) {
+  const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
+  std::thread([&] {
+    ASSERT_EQ(cudaSuccess, cudaSetDevice(0));
+    arcpool_allocation_t* before = allocate(kBytes, per_thread);  // caches the stream's line
+    ASSERT_NE(nullptr, before);
+    begin(per_thread);
+    arcpool_allocation_t* a = nullptr;
+    EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED,
+                  arcpool_allocate_async(alloc_, kBytes, 0, per_thread, 0, &a));
+    EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(before, per_thread, 0));
+    cudaGraph_t graph = end(per_thread);
+    if (graph != nullptr) {
+      EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+    }
+    if (a != nullptr) arcpool_allocation_release(a);
+    EXPECT_OK(arcpool_deallocate_async(before, per_thread, 0));
+    arcpool_allocation_release(before);
+    sync(per_thread);
+  }).join();
+  await_posted_tasks();
+  finish_and_expect_nothing_held();
+}
+
 // A free deferred to a graph's end fences its stream once the graph is gone, and that stream
 // may capture again first (a loop that captures every step). A drain then (an out-of-memory
 // retry, a trim) cannot fence it: the free stays queued until that capture ended. It was given

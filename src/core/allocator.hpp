@@ -280,6 +280,9 @@ class allocator {
   /// resolve_stream_slow for a capturing stream: only created and registered streams, found
   /// by handle (whether cudaStreamGetId is legal during capture is undocumented).
   arcpool_status_t resolve_capturing_stream(stream_handle s, stream_ref* out);
+  /// UNSUPPORTED for capturing stream `s`, which arcpool neither created nor registered and
+  /// whose capture is bound to none of its graph pools: arcpool cannot identify it.
+  arcpool_status_t unknown_capturing_stream(stream_handle s);
   /// An allocation on the capturing stream `origin`: a graph allocation node.
   arcpool_status_t allocate_in_capture(size_t size, size_t alignment, uint32_t flags,
                                        const stream_ref& origin, allocation** out);

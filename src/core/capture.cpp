@@ -35,6 +35,17 @@ struct graph_gate final : posted_task {
   }
 };
 
+arcpool_status_t allocator::unknown_capturing_stream(stream_handle s) {
+  return fail(ARCPOOL_STATUS_UNSUPPORTED,
+              "stream %p is capturing a CUDA graph and is not one arcpool created or registered, "
+              "and its capture is bound to none of this allocator's graph pools: arcpool "
+              "identifies such a stream only by its registry (whether cudaStreamGetId is legal "
+              "during capture is undocumented); create it with arcpool_stream_create or register "
+              "it before the capture, or bind the capture to a graph pool "
+              "(arcpool_graph_pool_begin)",
+              static_cast<void*>(s));
+}
+
 arcpool_status_t allocator::resolve_capturing_stream(stream_handle s, stream_ref* out) {
   if (!driver_->supports_graphs()) {
     return fail(ARCPOOL_STATUS_UNSUPPORTED,
@@ -61,19 +72,15 @@ arcpool_status_t allocator::resolve_capturing_stream(stream_handle s, stream_ref
       return ARCPOOL_STATUS_SUCCESS;
     }
   }
-  return fail(ARCPOOL_STATUS_UNSUPPORTED,
-              "stream %p is capturing a CUDA graph and is not one arcpool created or registered, "
-              "and its capture is bound to none of this allocator's graph pools: arcpool "
-              "identifies such a stream only by its registry (whether cudaStreamGetId is legal "
-              "during capture is undocumented); create it with arcpool_stream_create or register "
-              "it before the capture, or bind the capture to a graph pool "
-              "(arcpool_graph_pool_begin)",
-              static_cast<void*>(s));
+  return unknown_capturing_stream(s);
 }
 
 arcpool_status_t allocator::allocate_in_capture(size_t size, size_t alignment, uint32_t flags,
                                                 const stream_ref& origin, allocation** out) {
   if (!driver_->supports_graphs()) return capturing_failure(origin, "allocate");
+  // A stream this thread resolved before (a per-thread default stream, whose capture
+  // resolve_capturing_stream refuses) reaches here from its stream cache line.
+  if (!origin.entry && !origin.capture_scoped()) return unknown_capturing_stream(origin.handle);
   if (flags != 0) {
     return fail(ARCPOOL_STATUS_UNSUPPORTED,
                 "allocate on capturing stream %p: flags 0x%x (an indeterminate lifetime) cannot "
