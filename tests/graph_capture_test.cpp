@@ -318,6 +318,26 @@ TEST_P(GraphCapture, APerThreadStreamThisThreadUsedBeforeItsCaptureIsRefusedInIt
   finish_and_expect_nothing_held();
 }
 
+// A use recorded of a stream arcpool does not know was fenced then: the stream may be gone by
+// the deallocation (arcpool_record_use), and a free in a capture, as one outside, uses that
+// fence and asks the stream nothing (it asked whether the destroyed stream captured).
+TEST_P(GraphCapture, AFreeDuringCaptureAsksNothingOfAUseStreamDestroyedSinceItsRecord) {
+  arcpool_stream_t s = make_stream();
+  arcpool_stream_t user = make_app_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  sync(s);
+  fill_async(user, data(a), kBytes, 7);
+  EXPECT_OK(arcpool_record_use(a, user));  // fenced now: arcpool does not know the stream
+  sync(user);
+  destroy_app_stream(user);
+  begin(s);
+  EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  await_posted_tasks();
+  finish_and_expect_nothing_held();
+}
+
 // A free deferred to a graph's end fences its stream once the graph is gone, and that stream
 // may capture again first (a loop that captures every step). A drain then (an out-of-memory
 // retry, a trim) cannot fence it: the free stays queued until that capture ended. It was given

@@ -259,6 +259,12 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
       }
       return ARCPOOL_STATUS_SUCCESS;
     }
+    if (recorded != nullptr) {
+      // A use fenced when it was recorded, outside this capture: the stream may be gone now
+      // (arcpool_record_use), so it is not asked anything, as outside a capture.
+      item->fences.push_back(*recorded);
+      return ARCPOOL_STATUS_SUCCESS;
+    }
     bool capturing = true;
     if (s.id != caller.id)
       ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &capturing));
@@ -283,10 +289,6 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
         }
       }
       item->fence_later.push_back(s);
-      return ARCPOOL_STATUS_SUCCESS;
-    }
-    if (recorded != nullptr) {
-      item->fences.push_back(*recorded);
       return ARCPOOL_STATUS_SUCCESS;
     }
     fence_ref f;
