@@ -83,6 +83,22 @@ TEST_P(OutOfMemoryRetry, TheRetryWaitsForFreesQueuedOnArcpoolsOtherStreams) {
   allocate_through_the_retry();
 }
 
+TEST_P(OutOfMemoryRetry, TheRetryWaitsForFreesTheWorkerQueuedOnTheReclaimStream) {
+  // The origin is a stream arcpool does not know: the deferred free goes to the reclaim
+  // stream, queued there by a pass that ran before the retry (the worker's, here this
+  // thread's) and not run yet. The retry's drain finds no item left, and must still wait for
+  // that stream.
+  arcpool_stream_t app = make_app_stream();
+  arcpool_allocation_t* a = fill_the_pool(app);
+  EXPECT_OK(arcpool_deallocate_async(a, y_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  arcpool_allocation_release(a);
+  sync(app);
+  sync(y_);
+  EXPECT_EQ(1u, core().reclaim_poll_once()) << "the free is queued on the reclaim stream";
+  EXPECT_EQ(kBig, pool_used()) << "not run yet: nothing runs unless driven";
+  allocate_through_the_retry();
+}
+
 // The deterministic driver only: on a threaded driver the frees run by themselves, so a retry
 // that does not wait passes by luck.
 INSTANTIATE_TEST_SUITE_P(Drivers, OutOfMemoryRetry, ::testing::Values(deterministic_driver()),

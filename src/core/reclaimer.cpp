@@ -408,7 +408,14 @@ arcpool_status_t reclaimer::drain(bool final) {
     complete(*item, failed, /*prefer_origin=*/false);
     recycle(std::move(item));
   }
-  if (freed) {
+  // Also when this drain freed nothing: the frees other passes (the worker's) completed before
+  // it, and queued on the reclaim stream, must have run too when it returns.
+  bool made = false;
+  {
+    std::lock_guard<std::mutex> lock(stream_mutex_);
+    made = have_stream_;
+  }
+  if (freed || made) {
     stream_handle s = nullptr;
     if (reclaim_stream(&s) == ARCPOOL_STATUS_SUCCESS) {
       const arcpool_status_t status = driver_.stream_synchronize(s);
