@@ -1,5 +1,6 @@
 // The fast path (design.md §7): a bounded per-stream cache of freed blocks, reused only on the
 // same stream, exact sizes, flushed on trim, pressure and retirement. On both drivers.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
 
 namespace arcpool::test {
 namespace {
@@ -43,6 +45,26 @@ class StreamCache : public DriverTest {
   arcpool_stream_t s_ = nullptr;
   arcpool_stream_t t_ = nullptr;
 };
+
+/// A cached block whose free fails at a flush (here a stream's destruction) is written off and
+/// counted in reclaim_failures, as a deferred free's failed CUDA call is (design.md §10); it was
+/// neither counted nor reported.
+TEST_P(StreamCache, ACachedBlockWhoseFreeFailsAtAFlushIsCountedAsAReclaimFailure) {
+  if (GetParam().kind != ARCPOOL_DRIVER_CUDA || !on_simcuda()) {
+    GTEST_SKIP() << "fails the flush's free with simcuda_fail_next";
+  }
+  arcpool_stream_t s = nullptr;  // not the fixture's: destroyed here
+  ASSERT_OK(arcpool_stream_create(alloc_, &s));
+  allocate_and_free(kBlock, s);
+  ASSERT_EQ(1u, stats().cache_frees);
+  ASSERT_TRUE(simcuda_fail_next("cudaFreeAsync", cudaErrorInvalidValue));
+  EXPECT_OK(arcpool_stream_destroy(alloc_, s));
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(1u, st.cache_flushes);
+  EXPECT_EQ(0u, st.frees);
+  EXPECT_EQ(1u, st.reclaim_failures) << "a failed free at a flush went uncounted";
+  EXPECT_EQ(0u, st.bytes_cached_current);
+}
 
 TEST_P(StreamCache, ByPointerFreesRacingReuseOfTheSameAddressLoseNoRecord) {
   // A by-pointer free hands its block to the cache; another thread's by-pointer allocation on

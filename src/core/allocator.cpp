@@ -297,14 +297,15 @@ size_t allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
       [&](void* p, size_t n) {
         ++blocks;
         history_.segment_free(p, s);
-        // The host driver queues the free as host work, which may find no host memory: the
-        // block is written off then, as a deferred free's is (reclaimer::complete), so that a
-        // drain gives every block away and throws nothing.
+        // A free that fails is written off and counted, as a deferred free's is
+        // (reclaimer::complete), so that a drain gives every block away and throws nothing:
+        // the host driver queues the free as host work, which may find no host memory.
+        arcpool_status_t status = ARCPOOL_STATUS_OUT_OF_MEMORY;
         try {
-          if (driver_->pool_free(p, n, s) == ARCPOOL_STATUS_SUCCESS) stats_.count(stat::frees);
+          status = driver_->pool_free(p, n, s);
         } catch (const std::bad_alloc&) {
-          stats_.count(stat::reclaim_failures);
         }
+        stats_.count(status == ARCPOOL_STATUS_SUCCESS ? stat::frees : stat::reclaim_failures);
       },
       close);
   stats_.count(stat::cache_flushes, blocks);
