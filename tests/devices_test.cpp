@@ -131,6 +131,29 @@ TEST(Devices, AnUnreadApplicationErrorOutlivesArcpoolsFirstCalls) {
               "left: 1; pending after arcpool: cudaErrorInvalidDevice");
 }
 
+TEST(Devices, AutoNeverServesAMissingDeviceFromHostMemory) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  if (std::getenv("ARCPOOL_DRIVER") != nullptr) GTEST_SKIP() << "ARCPOOL_DRIVER picks the driver";
+  // AUTO falls back to the host driver on a machine without CUDA devices. Here there are some:
+  // a device index beyond them is an error, never host memory that a framework would take for
+  // device memory of that device.
+  int count = 0;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceCount(&count));
+  const int missing = count;
+  EXPECT_EQ(ARCPOOL_DRIVER_CUDA, arcpool_auto_driver(missing));
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.device = missing;
+  arcpool_allocator_t* alloc = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_NO_DEVICE, arcpool_allocator_create(&options, &alloc));
+  EXPECT_EQ(nullptr, alloc);
+  EXPECT_STATUS(ARCPOOL_STATUS_NO_DEVICE, arcpool_default_allocator_get(missing, &alloc));
+  EXPECT_EQ(nullptr, alloc);
+  void* p = arcpool_malloc_async(4096, missing, nullptr);
+  EXPECT_EQ(nullptr, p) << "device " << missing << " of " << count << " served";
+  if (p != nullptr) arcpool_free_async(p, 4096, missing, nullptr);
+}
+
 TEST(Devices, EveryCallLeavesTheThreadOnItsOwnDevice) {
   ARCPOOL_REQUIRE_TWO_DEVICES_OR_SKIP();
   std::thread([] {

@@ -107,7 +107,9 @@ ARCPOOL_API const char* arcpool_last_error(void);
 
 /** Which driver serves an allocator. */
 typedef enum arcpool_driver_kind_t {
-  /** CUDA when a device is usable, else host. ARCPOOL_DRIVER=cuda|host overrides AUTO. */
+  /** CUDA when the process sees a CUDA device, else host. ARCPOOL_DRIVER=cuda|host overrides
+   * AUTO. On a machine with CUDA devices, a device that does not exist or has no memory pools
+   * is refused (NO_DEVICE), never served from host memory. */
   ARCPOOL_DRIVER_AUTO = 0,
   /** The CUDA runtime: the product. */
   ARCPOOL_DRIVER_CUDA = 1,
@@ -123,8 +125,9 @@ typedef enum arcpool_driver_kind_t {
 ARCPOOL_API const char* arcpool_driver_name(arcpool_driver_kind_t kind);
 
 /** The driver ARCPOOL_DRIVER_AUTO resolves to for `device` (ARCPOOL_DRIVER first, then CUDA if
- * a device is usable, else host), without creating anything. May initialize the CUDA
- * runtime. */
+ * the process sees a CUDA device, else host: the same for every device; an allocator for a
+ * device that cannot serve then fails with NO_DEVICE), without creating anything. May
+ * initialize the CUDA runtime. */
 ARCPOOL_API arcpool_driver_kind_t arcpool_auto_driver(int device);
 
 /** Where an allocator's cudaMemPool_t comes from. */

@@ -50,7 +50,8 @@ const char* arcpool_driver_name(arcpool_driver_kind_t kind) {
 }
 
 arcpool_driver_kind_t arcpool_auto_driver(int device) {
-  return arcpool::detail::resolve_auto_driver(device);
+  (void)device;  // the same for every device (arcpool.h)
+  return arcpool::detail::resolve_auto_driver();
 }
 
 // --- Allocators ------------------------------------------------------------------------------

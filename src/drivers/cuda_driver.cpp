@@ -508,6 +508,15 @@ class cuda_driver final : public driver {
 
 }  // namespace
 
+bool cuda_devices_present() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // ours only, as in check()
+    return false;
+  }
+  return count > 0;
+}
+
 bool cuda_device_usable(int device, std::string* why) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

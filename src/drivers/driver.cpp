@@ -64,14 +64,13 @@ arcpool_status_t driver::imported_free(void* p, stream_handle s) {
   return no_ipc(*this, "imported free");
 }
 
-arcpool_driver_kind_t resolve_auto_driver(int device) {
+arcpool_driver_kind_t resolve_auto_driver() {
   if (const char* env = std::getenv("ARCPOOL_DRIVER"); env != nullptr && *env != '\0') {
     if (std::strcmp(env, "cuda") == 0) return ARCPOOL_DRIVER_CUDA;
     if (std::strcmp(env, "host") == 0) return ARCPOOL_DRIVER_HOST;
     return ARCPOOL_DRIVER_AUTO;
   }
-  std::string why;
-  return cuda_device_usable(device, &why) ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
+  return cuda_devices_present() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
 }
 
 arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver>* out) {
@@ -91,8 +90,7 @@ arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver
     }
   }
   if (kind == ARCPOOL_DRIVER_AUTO) {
-    std::string why;
-    kind = cuda_device_usable(config.device, &why) ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
+    kind = cuda_devices_present() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
   }
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
   switch (kind) {

@@ -205,15 +205,20 @@ class driver {
   }
 };
 
-/// What AUTO resolves to for `device`: ARCPOOL_DRIVER if set (ARCPOOL_DRIVER_AUTO when it names
-/// no driver), else CUDA when usable, else host.
-arcpool_driver_kind_t resolve_auto_driver(int device);
+/// What AUTO resolves to: ARCPOOL_DRIVER if set (ARCPOOL_DRIVER_AUTO when it names no driver),
+/// else CUDA when the process sees a CUDA device, else host. Never host for a device that does
+/// not exist or cannot pool memory on a machine with CUDA devices: the CUDA driver refuses it
+/// (NO_DEVICE), where host memory would reach a framework as device memory.
+arcpool_driver_kind_t resolve_auto_driver();
 
 /// Resolves AUTO (and ARCPOOL_DRIVER) and creates the driver `config` asks for.
 arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver>* out);
 
 /// Whether the CUDA runtime has a usable device `device`; `why` says why not.
 bool cuda_device_usable(int device, std::string* why);
+
+/// Whether the CUDA runtime answers and counts at least one device.
+bool cuda_devices_present();
 
 /// Test double: makes every later call of a host driver fail as a sticky CUDA error would
 /// (ARCPOOL_STATUS_CUDA_ERROR naming cudaErrorIllegalAddress). No effect on a CUDA driver.
