@@ -56,6 +56,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <new>
 #include <string>
 #include <thread>
@@ -778,6 +779,36 @@ TEST(HostMemoryExhaustion, ALeakedAllocationsFreeTheHostHasNoMemoryForIsCountedN
   const arcpool_stats_t st = stats_of(alloc);
   EXPECT_EQ(1u, st.reclaim_failures);
   EXPECT_EQ(0u, st.implicit_frees);
+  EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
+  EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
+  arcpool_allocator_destroy(alloc);
+}
+
+TEST(HostMemoryExhaustion, TheDataOfADeallocatedAllocationIsRefusedWithoutHostMemory) {
+  // arcpool_allocation_data is not guarded: its refusal must name the allocation without
+  // allocating, or std::bad_alloc leaves the C API.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
+  ASSERT_NE(nullptr, alloc);
+  handoff h;
+  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  EXPECT_OK(arcpool_deallocate_async(h.a, h.from, 0));
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  void* p = nullptr;
+  bool threw = false;
+  t_refuse_any_caller = true;
+  g_throwing_news.to_fail = 1000;
+  try {
+    status = arcpool_allocation_data(h.a, &p);
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  g_throwing_news.to_fail = 0;
+  t_refuse_any_caller = false;
+  EXPECT_FALSE(threw) << "std::bad_alloc left arcpool_allocation_data";
+  EXPECT_EQ(ARCPOOL_STATUS_ALREADY_DEALLOCATED, status) << arcpool_last_error();
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "already deallocated"))
+      << arcpool_last_error();
+  arcpool_allocation_release(h.a);
   EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
   EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
   arcpool_allocator_destroy(alloc);

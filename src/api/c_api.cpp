@@ -280,9 +280,11 @@ arcpool_status_t arcpool_allocation_data(const arcpool_allocation_t* allocation,
   const auto& a = *allocation->record;
   const auto st = a.owners.load().st;
   if (st != ARCPOOL_ALLOCATION_LIVE && st != ARCPOOL_ALLOCATION_UNOWNED) {
-    return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED, "data of %s: it was already %s",
-                a.describe().c_str(),
-                st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
+    // Named without describe(), whose std::string needs host memory: this call is not guarded.
+    return fail(ARCPOOL_STATUS_ALREADY_DEALLOCATED,
+                "data of allocation #%llu (%zu bytes at %p): it was already %s",
+                static_cast<unsigned long long>(a.placement.serial), a.placement.size,
+                a.placement.data, st == ARCPOOL_ALLOCATION_EXPORTED ? "exported" : "deallocated");
   }
   *out_data = a.placement.data == nullptr
                   ? nullptr
