@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -64,6 +66,49 @@ TEST_P(StreamCache, ACachedBlockWhoseFreeFailsAtAFlushIsCountedAsAReclaimFailure
   EXPECT_EQ(0u, st.frees);
   EXPECT_EQ(1u, st.reclaim_failures) << "a failed free at a flush went uncounted";
   EXPECT_EQ(0u, st.bytes_cached_current);
+}
+
+TEST_P(StreamCache, ATrimWaitingForABusyStreamHoldsUpNoStreamCreationOrRetirement) {
+  ARCPOOL_SKIP_ON_DETERMINISTIC("the trim waits on a thread of its own");
+  // A trim (and an out-of-memory retry) waits for arcpool's streams; creating, registering,
+  // unregistering and destroying streams "never blocks" (arcpool.h). The trim waited holding
+  // the registry's lock and the busy stream's, which those calls need: each then waited for
+  // the busy stream's work (a deadlock, were that work waiting for the caller). Twice: the
+  // trim first waits for its flush of s_'s cache, then (the cache empty) for s_ itself.
+  for (const bool cached : {true, false}) {
+    SCOPED_TRACE(cached ? "waiting for its cache flush" : "waiting for the stream");
+    if (cached) {
+      allocate_and_free(kBlock, s_);
+      ASSERT_NE(0u, stats().bytes_cached_current);
+    }
+    gate& busy = block(s_);
+    arcpool_stream_t registered = make_app_stream();
+    ASSERT_OK(arcpool_stream_register(alloc_, registered));
+    std::atomic<bool> trimmed{false};
+    std::thread trimmer([&] {
+      EXPECT_OK(arcpool_allocator_trim(alloc_, 0));
+      trimmed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the trim waits for s_ now
+    arcpool_stream_t created = nullptr;
+    auto create =
+        std::async(std::launch::async, [&] { return arcpool_stream_create(alloc_, &created); });
+    auto unregister = std::async(std::launch::async,
+                                 [&] { return arcpool_stream_unregister(alloc_, registered); });
+    const auto second = std::chrono::seconds(1);
+    EXPECT_EQ(std::future_status::ready, create.wait_for(second))
+        << "a stream's creation waited for the trim";
+    EXPECT_EQ(std::future_status::ready, unregister.wait_for(second))
+        << "a stream's unregistration waited for the trim";
+    EXPECT_FALSE(trimmed.load()) << "the trim did not wait for the busy stream: proves nothing";
+    busy.open();
+    trimmer.join();
+    EXPECT_OK(create.get());
+    EXPECT_OK(unregister.get());
+    if (created != nullptr) {
+      EXPECT_OK(arcpool_stream_destroy(alloc_, created));
+    }
+  }
 }
 
 TEST_P(StreamCache, ByPointerFreesRacingReuseOfTheSameAddressLoseNoRecord) {

@@ -315,24 +315,29 @@ size_t allocator::flush_cache(block_cache& cache, stream_handle s, bool close) {
 }
 
 void allocator::flush_caches(bool include_legacy, bool synchronize) {
-  // Only streams alive and not capturing: a free must never land in someone's graph.
-  auto flush = [&](block_cache& cache, stream_handle h) {
+  // Only streams alive and not capturing: a free must never land in someone's graph. The waits
+  // come after the registry's and the streams' locks are released (wait_for_fences).
+  fence_list flushed;
+  auto flush = [&](block_cache& cache, stream_handle h, uint64_t id) {
     if (cache.bytes() == 0) return;  // nothing to give back: not even a query on the stream
     bool capturing = true;
     if (driver_->stream_is_capturing(h, &capturing) != ARCPOOL_STATUS_SUCCESS || capturing) {
       return;
     }
     if (flush_cache(cache, h, /*close=*/false) > 0 && synchronize) {
-      driver_->stream_synchronize(h);  // the frees ran: the pool may hand the blocks to anyone
+      fence_ref f;  // the frees ran once it completed: the pool may hand the blocks to anyone
+      if (events_.record(h, id, &f) == ARCPOOL_STATUS_SUCCESS) flushed.push_back(std::move(f));
     }
   };
   streams_.for_each([&](stream_entry& entry) {
     entry.with_alive([&](stream_handle h) {
-      flush(entry.cache(), h);
+      flush(entry.cache(), h, entry.id());
       return ARCPOOL_STATUS_SUCCESS;
     });
   });
-  if (include_legacy) flush(legacy_cache_, legacy_default_stream());
+  // The legacy stream's fence is only waited for here: its identity is never read.
+  if (include_legacy) flush(legacy_cache_, legacy_default_stream(), 0);
+  wait_for_fences(flushed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,15 +356,27 @@ arcpool_status_t allocator::trim(size_t keep_bytes) {
 }
 
 void allocator::synchronize_known_streams() {
+  // Fenced under the registry's and each stream's lock, waited for once both are released:
+  // waiting under them held up every stream's creation, registration and retirement (which
+  // never block) until the busiest stream drained.
+  fence_list fences;
   streams_.for_each([&](stream_entry& entry) {
     entry.with_alive([&](stream_handle h) {
       bool capturing = true;
-      if (driver_->stream_is_capturing(h, &capturing) == ARCPOOL_STATUS_SUCCESS && !capturing) {
-        driver_->stream_synchronize(h);
+      fence_ref f;
+      if (driver_->stream_is_capturing(h, &capturing) == ARCPOOL_STATUS_SUCCESS && !capturing &&
+          events_.record(h, entry.id(), &f) == ARCPOOL_STATUS_SUCCESS) {
+        fences.push_back(std::move(f));
       }
       return ARCPOOL_STATUS_SUCCESS;
     });
   });
+  wait_for_fences(fences);
+}
+
+void allocator::wait_for_fences(const fence_list& fences) {
+  for (const fence_ref& f : fences)
+    driver_->event_synchronize(f->event());
 }
 
 void allocator::read_stats(arcpool_stats_t* out) const {

@@ -399,8 +399,12 @@ class allocator {
   /// stream.
   void flush_caches(bool include_legacy, bool synchronize);
   /// Synchronizes every created or registered stream that is alive and not capturing, so that
-  /// the frees queued on them ran and the host saw them complete (trim, out of memory).
+  /// the frees queued on them ran and the host saw them complete (trim, out of memory). Holds
+  /// no lock while it waits.
   void synchronize_known_streams();
+  /// Waits on the host until every fence of `fences` completed (failures ignored, as a
+  /// synchronization's in a flush or a trim).
+  void wait_for_fences(const fence_list& fences);
   /// Accepts the deallocation (ownership transition, stats, the log's free row on `stream`).
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream);
   /// commit with the calling thread's stats shard, looked up by the caller.
