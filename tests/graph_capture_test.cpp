@@ -973,6 +973,30 @@ TEST_P(GraphPools, ABlockDroppedInACaptureNotBoundToItsPoolStaysReservedWhileThe
   finish_and_expect_nothing_held();
 }
 
+// A free in a capture not bound to the block's pool, refused because the block's current
+// stream is outside that capture, changes nothing (docs/graphs.md): the pool was told of that
+// graph's end first, and held on until that graph was gone, though no block was freed in it.
+TEST_P(GraphPools, ARefusedFreeInACaptureNotBoundToItsPoolLeavesThePoolAsItWas) {
+  arcpool_stream_t s = make_stream(), t = make_stream();
+  cudaGraph_t first = nullptr;
+  arcpool_allocation_t* out = capture_an_output(s, &first);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(first));
+  await_posted_tasks();
+  begin(t);  // a capture bound to no pool; the block's current stream, s, is outside it
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_deallocate_async(out, t, 0));
+  cudaGraph_t unrelated = end(t);
+  EXPECT_OK(arcpool_deallocate_async(out, s, 0));
+  arcpool_allocation_release(out);
+  arcpool_graph_pool_release(std::exchange(pool_, nullptr));
+  EXPECT_TRUE(pools_released()) << "a graph no block was freed in holds the pool";
+  if (unrelated != nullptr) {
+    EXPECT_EQ(cudaSuccess, cudaGraphDestroy(unrelated));
+  }
+  await_posted_tasks();
+  EXPECT_TRUE(pools_released());
+  finish_and_expect_nothing_held();
+}
+
 // A leaked block whose implicit free fails (a stream it is used on captures, so that arcpool
 // cannot fence that stream) is written off, as other memory whose implicit free fails: its pool
 // still goes at its release, and gives its other blocks back. (The block kept the pool's

@@ -296,7 +296,15 @@ class allocator {
   arcpool_status_t same_capture(const stream_ref& s, const stream_ref& capturing, const char* what);
   /// Captured edges from `a`'s current stream and use records' streams to `target`, all in one
   /// capture (checked first: a refusal enqueues nothing).
-  arcpool_status_t edges_within_capture(allocation& a, const stream_ref& target, const char* what);
+  arcpool_status_t edges_within_capture(allocation& a, const stream_ref& target, const char* what) {
+    ARCPOOL_RETURN_IF_ERROR(all_within_capture(a, target, what));
+    return capture_edges_to(a, target);
+  }
+  /// UNSUPPORTED unless `a`'s current stream and use records' streams capture in `target`'s
+  /// capture; changes nothing.
+  arcpool_status_t all_within_capture(allocation& a, const stream_ref& target, const char* what);
+  /// The captured edges of edges_within_capture, checked already.
+  arcpool_status_t capture_edges_to(allocation& a, const stream_ref& target);
   /// Orders later work on `to` after the work captured on `from` so far (both in one capture):
   /// a captured event record and wait, on an event never used again.
   arcpool_status_t capture_edge(stream_handle from, stream_handle to);

@@ -177,12 +177,15 @@ arcpool_status_t allocator::same_capture(const stream_ref& s, const stream_ref& 
   return ARCPOOL_STATUS_SUCCESS;
 }
 
-arcpool_status_t allocator::edges_within_capture(allocation& a, const stream_ref& target,
-                                                 const char* what) {
-  // Every check first: a refusal enqueues nothing.
+arcpool_status_t allocator::all_within_capture(allocation& a, const stream_ref& target,
+                                               const char* what) {
   ARCPOOL_RETURN_IF_ERROR(same_capture(a.current, target, what));
   for (const use_record& u : a.uses)
     ARCPOOL_RETURN_IF_ERROR(same_capture(u.stream, target, what));
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t allocator::capture_edges_to(allocation& a, const stream_ref& target) {
   if (a.current.id != target.id) {
     ARCPOOL_RETURN_IF_ERROR(capture_edge(a.current.handle, target.handle));
   }
@@ -350,6 +353,8 @@ arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref
     // after this point, and captured edges put this point after the block's other streams.
     capture_info capture;
     ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(caller.handle, &capture));
+    // Every check before the pool is told anything: a refusal changes nothing.
+    ARCPOOL_RETURN_IF_ERROR(all_within_capture(a, caller, "deallocate"));
     if (!a.lender()->hears_of(capture.id)) {
       // Only a capture bound to the pool tells it when its graph is gone: in another, the
       // block would stay tagged with that capture, lent to no one, and at the pool's release go
@@ -361,7 +366,7 @@ arcpool_status_t allocator::return_to_graph_pool(allocation& a, const stream_ref
       prepare_posted_task();  // may throw (no host memory, no thread): before anything changes
       ARCPOOL_RETURN_IF_ERROR(tell_pool_of_graph_end(*a.lender(), capture));
     }
-    ARCPOOL_RETURN_IF_ERROR(edges_within_capture(a, caller, "deallocate"));
+    ARCPOOL_RETURN_IF_ERROR(capture_edges_to(a, caller));
     where = graph_pool::tag{capture.id, caller.id};
   } else {
     // Outside captures: the pool's final release waits for these uses.
