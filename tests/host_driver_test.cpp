@@ -256,5 +256,33 @@ TEST_F(HostDriver, CaptureIsSimulatedAndRefusesWork) {
   ASSERT_OK(drv_->event_record(e_, a_));
 }
 
+/// The null driver's fake addresses are unique in the process: each thread bumps a region of
+/// its own, and two allocators' regions must not overlap (the by-pointer map is the process's,
+/// and an entry of one allocator replaced the other's). Each allocator numbered its regions
+/// from the same first address, while a thread's region outlived the allocator it came from.
+TEST(NullDriver, TwoAllocatorsOnFreshThreadsNeverHandOutTheSameAddress) {
+  arcpool_allocator_t* allocators[2] = {nullptr, nullptr};
+  void* pointers[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    arcpool_allocator_options_t options;
+    arcpool_allocator_options_init(&options);
+    options.driver = ARCPOOL_DRIVER_NULL;
+    ASSERT_OK(arcpool_allocator_create(&options, &allocators[i]));
+    std::thread([&] {
+      EXPECT_OK(arcpool_allocator_malloc_async(allocators[i], 256, 0, nullptr, &pointers[i]));
+    }).join();
+  }
+  EXPECT_NE(pointers[0], pointers[1]) << "two allocations at one address";
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_OK(arcpool_allocator_free_async(allocators[i], pointers[i], nullptr));
+    arcpool_stats_t st;
+    st.struct_size = sizeof(st);
+    st.version = ARCPOOL_STATS_VERSION;
+    EXPECT_OK(arcpool_stats_get(allocators[i], &st));
+    EXPECT_EQ(0u, st.allocations_in_use_current) << "allocator " << i << " lost its free";
+    arcpool_allocator_destroy(allocators[i]);
+  }
+}
+
 }  // namespace
 }  // namespace arcpool::test

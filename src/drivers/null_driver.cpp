@@ -11,6 +11,10 @@ namespace arcpool::detail {
 namespace {
 
 constexpr uintptr_t kFirstAddress = uintptr_t{1} << 47;  // never dereferenced
+/// The next thread region of every null driver in the process: a thread's region serves every
+/// allocator it allocates from, so that fake addresses are unique in the process, as the
+/// by-pointer map (the process's) needs.
+std::atomic<uintptr_t> g_next_region{kFirstAddress};
 std::atomic<uintptr_t> g_next_stream{0x1000};
 thread_local uint64_t t_per_thread_id = 0;
 std::atomic<uint64_t> g_next_per_thread_id{uint64_t{1} << 40};
@@ -69,13 +73,13 @@ class null_driver final : public driver {
   }
   arcpool_status_t event_synchronize(event_handle) override { return ARCPOOL_STATUS_SUCCESS; }
 
-  // Each thread bumps its own 1 TiB region: the fake pool itself never contends.
+  // Each thread bumps its own 1 TiB region (g_next_region): the fake pool never contends.
   arcpool_status_t pool_allocate(size_t bytes, stream_handle, void** out) override {
     thread_local uintptr_t next = 0;
     thread_local uintptr_t end = 0;
     const size_t rounded = (bytes + 255) & ~size_t{255};
     if (end - next < rounded) {
-      next = regions_.fetch_add(kRegion, std::memory_order_relaxed);
+      next = g_next_region.fetch_add(kRegion, std::memory_order_relaxed);
       end = next + kRegion;
     }
     *out = reinterpret_cast<void*>(next);
@@ -103,7 +107,6 @@ class null_driver final : public driver {
  private:
   static constexpr uintptr_t kRegion = uintptr_t{1} << 40;
   const int device_;
-  std::atomic<uintptr_t> regions_{kFirstAddress};
   sharded_counter used_;
 };
 
