@@ -326,6 +326,37 @@ TEST(HostMemoryExhaustion, AByPointerFreeTheHostHasNoMemoryForKeepsThePointerFin
   arcpool_allocator_destroy(alloc);
 }
 
+TEST(HostMemoryExhaustion, AByPointerFreeWhosePoolFreeCannotBeQueuedIsWrittenOff) {
+  // The host driver queues a pool free as host work, which may find no host memory after the
+  // deallocation committed (a block too large for the stream's cache). The block is written
+  // off and counted, as at a flush or in the reclaimer (design.md §10): the free succeeds and
+  // the pointer is gone. The free failed, and its entry, deallocated, went back to the map, so
+  // that every later free of it was refused and the allocator never emptied.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_HOST);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t s = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(alloc, &s)) << arcpool_last_error();
+  constexpr size_t kUncached = size_t{2} << 20;  // above the cache's largest block
+  void* p = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocator_malloc_async(alloc, kUncached, 0, s, &p))
+      << arcpool_last_error();
+  ASSERT_OK(arcpool_stream_synchronize(alloc, s));
+  const int failed_before = g_throwing_news.failed.load();
+  g_throwing_news.to_fail = 1000;
+  const arcpool_status_t status = arcpool_allocator_free_async(alloc, p, s);
+  g_throwing_news.to_fail = 0;
+  ASSERT_LT(failed_before, g_throwing_news.failed.load()) << "nothing was refused";
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, status) << arcpool_last_error();
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_allocator_free_async(alloc, p, s));
+  const arcpool_stats_t st = stats_of(alloc);
+  EXPECT_EQ(0u, st.allocations_in_use_current);
+  EXPECT_EQ(0u, st.bytes_held_current);
+  EXPECT_EQ(1u, st.reclaim_failures);
+  EXPECT_EQ(0u, st.frees) << "a block written off counted as freed";
+  EXPECT_OK(arcpool_stream_destroy(alloc, s));
+  arcpool_allocator_destroy(alloc);
+}
+
 TEST(HostMemoryExhaustion, ARecordStreamTheHostHasNoMemoryForKeepsNoReference) {
   // arcpool_record_stream finds the by-pointer allocation with a reference of its own, which it
   // drops after the use is recorded. Refused host memory for the use record, it fails with

@@ -1,5 +1,6 @@
 // The raw-pointer entry points frameworks call (PyTorch's pluggable allocator signatures),
 // served by the per-device default allocator. On both drivers.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
 #include "support/stream_probe.hpp"
 
 namespace arcpool::test {
@@ -156,6 +158,22 @@ TEST_P(RawPointer, AWrongDeviceIsAnInvalidArgumentAndFreesNothing) {
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_free_async(p, kBytes, -1, s_));
   EXPECT_EQ(0u, stats().deallocations);
   EXPECT_OK(arcpool_free_async(p, kBytes, 0, s_));
+}
+
+TEST_P(RawPointer, AFreeThatFailsAfterItsCommitLeavesNoDeallocatedEntry) {
+  // A pool free that fails after the deallocation committed (only a broken context does, on
+  // CUDA) loses the block with it; the pointer's entry, deallocated now, must not go back to
+  // the map, where every later free of it was refused (ALREADY_DEALLOCATED) and the allocator
+  // never emptied.
+  if (GetParam().kind != ARCPOOL_DRIVER_CUDA || !on_simcuda()) {
+    GTEST_SKIP() << "fails the pool free with simcuda_fail_next";
+  }
+  void* p = arcpool_malloc_async(kBytes, 0, s_);  // the fixture's caches are off
+  ASSERT_NE(nullptr, p);
+  ASSERT_TRUE(simcuda_fail_next("cudaFreeAsync", cudaErrorInvalidValue));
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_free_async(p, kBytes, 0, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_free_async(p, kBytes, 0, s_));
+  EXPECT_EQ(0u, stats().allocations_in_use_current);
 }
 
 TEST_P(RawPointer, RecordStreamOfAnUnknownPointerIsUnknownPointer) {

@@ -54,6 +54,12 @@ arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device
     return a->owner.deallocate(*a, s, 0);
   });
   if (status != ARCPOOL_STATUS_SUCCESS) {
+    // A pool free that failed after the commit (a broken context): the deallocation stands,
+    // and the block is lost with the context. The entry stays out of the map.
+    if (a->owners.load().st == ARCPOOL_ALLOCATION_DEALLOCATED) {
+      a->release();
+      return status;
+    }
     // Nothing was freed: the entry goes back as it was. That fails only when other threads'
     // inserts made the table grow meanwhile and host memory ran out: then the map's reference
     // goes, and its last reference frees the memory on its current stream (design.md §3).

@@ -1,5 +1,7 @@
 // Deallocation (design.md §3, §4): fences, ownership transitions, the choice of route and
 // where the free runs, and the last reference.
+#include <new>
+
 #include "core/allocator.hpp"
 #include "core/graph_pool.hpp"
 #include "observe/nvtx.hpp"
@@ -185,11 +187,19 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
     }
   }
   if (recording) history_.segment_free(a.placement.base, target);
-  // Only a broken context fails here, after the commit: the block is then lost with it.
-  const arcpool_status_t status =
-      driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
+  // Only a broken context fails here, after the commit: the block is then lost with it. The
+  // host driver queues the free as host work, which may find no host memory: the block is
+  // written off then and counted, as at a flush or in the reclaimer, and the free stands.
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  bool freed = true;
+  try {
+    status = driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
+  } catch (const std::bad_alloc&) {
+    freed = false;
+    st.count(stat::reclaim_failures);
+  }
   if (!a.graph()) st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
-  if (status == ARCPOOL_STATUS_SUCCESS) {
+  if (freed && status == ARCPOOL_STATUS_SUCCESS) {
     st.count(stat::frees);
     st.count(route_counter);
   }
