@@ -84,21 +84,33 @@ TEST_P(StreamCache, ATrimWaitingForABusyStreamHoldsUpNoStreamCreationOrRetiremen
     gate& busy = block(s_);
     arcpool_stream_t registered = make_app_stream();
     ASSERT_OK(arcpool_stream_register(alloc_, registered));
+    // The trim has reached s_ (its flush's free, or its fence) once the driver saw work queued
+    // there; it then waits (on a GPU, where nothing counts it: after 100 ms).
+    const uint64_t work_before = can_count_work() ? work_enqueued(s_) : 0;
+    const uint64_t records_before = simcuda_calls("cudaEventRecord");
+    auto fenced = [&] {
+      if (can_count_work()) return work_enqueued(s_) > work_before;
+      return !on_simcuda() || simcuda_calls("cudaEventRecord") > records_before;
+    };
     std::atomic<bool> trimmed{false};
     std::thread trimmer([&] {
       EXPECT_OK(arcpool_allocator_trim(alloc_, 0));
       trimmed = true;
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the trim waits for s_ now
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!fenced() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(fenced()) << "the trim never reached the busy stream";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     arcpool_stream_t created = nullptr;
     auto create =
         std::async(std::launch::async, [&] { return arcpool_stream_create(alloc_, &created); });
     auto unregister = std::async(std::launch::async,
                                  [&] { return arcpool_stream_unregister(alloc_, registered); });
-    const auto second = std::chrono::seconds(1);
-    EXPECT_EQ(std::future_status::ready, create.wait_for(second))
+    const auto patience = std::chrono::seconds(5);  // spent only when the calls wait
+    EXPECT_EQ(std::future_status::ready, create.wait_for(patience))
         << "a stream's creation waited for the trim";
-    EXPECT_EQ(std::future_status::ready, unregister.wait_for(second))
+    EXPECT_EQ(std::future_status::ready, unregister.wait_for(patience))
         << "a stream's unregistration waited for the trim";
     EXPECT_FALSE(trimmed.load()) << "the trim did not wait for the busy stream: proves nothing";
     busy.open();

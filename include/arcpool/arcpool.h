@@ -107,9 +107,10 @@ ARCPOOL_API const char* arcpool_last_error(void);
 
 /** Which driver serves an allocator. */
 typedef enum arcpool_driver_kind_t {
-  /** CUDA when the process sees a CUDA device, else host. ARCPOOL_DRIVER=cuda|host overrides
-   * AUTO. On a machine with CUDA devices, a device that does not exist or has no memory pools
-   * is refused (NO_DEVICE), never served from host memory. */
+  /** CUDA when any device is usable (it exists and has memory pools), else host.
+   * ARCPOOL_DRIVER=cuda|host overrides AUTO. On a machine with a usable device, a device that
+   * does not exist or has no memory pools is refused (NO_DEVICE), never served from host
+   * memory. */
   ARCPOOL_DRIVER_AUTO = 0,
   /** The CUDA runtime: the product. */
   ARCPOOL_DRIVER_CUDA = 1,
@@ -125,9 +126,9 @@ typedef enum arcpool_driver_kind_t {
 ARCPOOL_API const char* arcpool_driver_name(arcpool_driver_kind_t kind);
 
 /** The driver ARCPOOL_DRIVER_AUTO resolves to for `device` (ARCPOOL_DRIVER first, then CUDA if
- * the process sees a CUDA device, else host: the same for every device; an allocator for a
- * device that cannot serve then fails with NO_DEVICE), without creating anything. May
- * initialize the CUDA runtime. */
+ * any device is usable, else host: the same for every device; an allocator for a device that
+ * cannot serve then fails with NO_DEVICE), without creating anything. May initialize the CUDA
+ * runtime. */
 ARCPOOL_API arcpool_driver_kind_t arcpool_auto_driver(int device);
 
 /** Where an allocator's cudaMemPool_t comes from. */
@@ -258,7 +259,8 @@ ARCPOOL_API void arcpool_allocator_options_init(arcpool_allocator_options_t* opt
  * Creates an allocator for `options->device` (`options` may be NULL for all defaults). On
  * success `*out_allocator` is a new allocator the caller destroys with
  * arcpool_allocator_destroy. Fails with NO_DEVICE when the CUDA driver is requested (or
- * ARCPOOL_DRIVER=cuda is set) and no device is usable, INVALID_ARGUMENT for bad options.
+ * ARCPOOL_DRIVER=cuda is set, or AUTO found a usable device) and `options->device` is not
+ * usable, INVALID_ARGUMENT for bad options.
  * Thread-safe; may block while CUDA initializes.
  */
 ARCPOOL_API arcpool_status_t arcpool_allocator_create(const arcpool_allocator_options_t* options,
@@ -813,7 +815,9 @@ ARCPOOL_API arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* po
   X(exports, "exported allocations")                                                  \
   X(oom_retries, "allocations retried after flushing and reclaiming")                 \
   X(oom_failures, "allocations that failed with OUT_OF_MEMORY")                       \
-  X(reclaim_failures, "deferred frees abandoned: a CUDA call failed, or no host memory")
+  X(reclaim_failures,                                                                 \
+    "frees abandoned, the block written off (deferred, at a cache flush, "            \
+    "or after a deallocation's commit): a CUDA call failed, or no host memory")
 
 /** Graph memory (allocations on capturing streams; docs/graphs.md), reported apart from the
  * pool's: gauges with `_current` and `_peak` fields, then counters, after the pool's figures

@@ -27,8 +27,8 @@ VERSION = _lib.lib.arcpool_version()
 
 def driver(device=0):
     """The driver ARCPOOL_DRIVER_AUTO resolves to for `device` ("cuda", "host"), without
-    creating an allocator: "cuda" whenever the process sees a CUDA device (an allocator for a
-    device that cannot serve then fails), "host" on a machine without one."""
+    creating an allocator: "cuda" whenever any device is usable (an allocator for a device
+    that cannot serve then fails), "host" on a machine without one."""
     return _lib.lib.arcpool_driver_name(_lib.lib.arcpool_auto_driver(device)).decode()
 
 

@@ -324,10 +324,9 @@ void allocator::flush_caches(bool include_legacy, bool synchronize) {
     if (driver_->stream_is_capturing(h, &capturing) != ARCPOOL_STATUS_SUCCESS || capturing) {
       return;
     }
-    if (flush_cache(cache, h, /*close=*/false) > 0 && synchronize) {
-      fence_ref f;  // the frees ran once it completed: the pool may hand the blocks to anyone
-      if (events_.record(h, id, &f) == ARCPOOL_STATUS_SUCCESS) flushed.push_back(std::move(f));
-    }
+    // The frees ran once its fence completed: the pool may hand the blocks to anyone.
+    if (flush_cache(cache, h, /*close=*/false) > 0 && synchronize)
+      fence_to_wait_for(h, id, &flushed);
   };
   streams_.for_each([&](stream_entry& entry) {
     entry.with_alive([&](stream_handle h) {
@@ -362,16 +361,26 @@ void allocator::synchronize_known_streams() {
   fence_list fences;
   streams_.for_each([&](stream_entry& entry) {
     entry.with_alive([&](stream_handle h) {
-      bool capturing = true;
-      fence_ref f;
-      if (driver_->stream_is_capturing(h, &capturing) == ARCPOOL_STATUS_SUCCESS && !capturing &&
-          events_.record(h, entry.id(), &f) == ARCPOOL_STATUS_SUCCESS) {
-        fences.push_back(std::move(f));
-      }
+      fence_to_wait_for(h, entry.id(), &fences);
       return ARCPOOL_STATUS_SUCCESS;
     });
   });
   wait_for_fences(fences);
+}
+
+void allocator::fence_to_wait_for(stream_handle h, uint64_t id, fence_list* out) noexcept {
+  // Outside captures only: another thread may begin capturing `h` at any moment, and an event
+  // recorded into its capture is no fence (record_outside_capture destroys it). Without host
+  // memory for the fence (the host driver's record allocates, and so may the list), the stream
+  // is not waited for, as when its record fails: a flush or a trim goes on.
+  try {
+    fence_ref f;
+    bool capturing = false;
+    if (events_.record_outside_capture(h, id, &f, &capturing) == ARCPOOL_STATUS_SUCCESS && f) {
+      out->push_back(std::move(f));
+    }
+  } catch (const std::bad_alloc&) {
+  }
 }
 
 void allocator::wait_for_fences(const fence_list& fences) {

@@ -372,15 +372,18 @@ class allocator {
                                      std::unique_lock<spinlock>& lock);
   /// Makes `target` wait on `fences`, commits the deallocation (a failure so far changes
   /// nothing), clears the use records and frees on `target` (into `target_cache` when it keeps
-  /// the block); counts the free, and `route_counter` once it succeeded.
+  /// the block); counts the free, and `route_counter` once it succeeded. `*freed` (if given):
+  /// whether the block was freed or cached, not written off (free_block).
   arcpool_status_t commit_and_free(allocation& a, const stream_ref& caller, bool force,
                                    bool implicit, stream_handle target, block_cache* target_cache,
-                                   const fence_list& fences, stat::counter route_counter);
+                                   const fence_list& fences, stat::counter route_counter,
+                                   bool* freed = nullptr);
   /// The end of commit_and_free, after the commit: the block goes to `target_cache` or back to
   /// the pool on `target` (the before-free hook first); counts it, and `route_counter` once it
-  /// succeeded, through `st`.
+  /// succeeded, through `st`. A pool free that finds no host memory writes the block off
+  /// (counted, SUCCESS, `*freed` false).
   arcpool_status_t free_block(allocation& a, stream_handle target, block_cache* target_cache,
-                              stat::counter route_counter, stats::local& st);
+                              stat::counter route_counter, stats::local& st, bool* freed = nullptr);
   /// The fast path's cache of `s`: streams arcpool can prove alive and the legacy default
   /// stream; null when the cache is off or `s` has none.
   block_cache* cache_for(const stream_ref& s) noexcept {
@@ -410,6 +413,9 @@ class allocator {
   /// the frees queued on them ran and the host saw them complete (trim, out of memory). Holds
   /// no lock while it waits.
   void synchronize_known_streams();
+  /// Adds to `out` a fence of `h`'s work so far, unless `h` captures (or its record fails, or
+  /// finds no host memory): for wait_for_fences, once the locks that keep `h` alive are released.
+  void fence_to_wait_for(stream_handle h, uint64_t id, fence_list* out) noexcept;
   /// Waits on the host until every fence of `fences` completed (failures ignored, as a
   /// synchronization's in a flush or a trim).
   void wait_for_fences(const fence_list& fences);

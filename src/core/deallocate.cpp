@@ -153,19 +153,19 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
 arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,
                                             bool implicit, stream_handle target,
                                             block_cache* target_cache, const fence_list& fences,
-                                            stat::counter route_counter) {
+                                            stat::counter route_counter, bool* freed) {
   // The waits first: if one fails nothing has changed (a wait is harmless if the commit then
   // fails).
   if (!fences.empty()) ARCPOOL_RETURN_IF_ERROR(wait_all(target, fences));
   stats::local st = stats_.here();
   ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle, st));
   if (!a.uses.empty()) a.uses.clear();
-  return free_block(a, target, target_cache, route_counter, st);
+  return free_block(a, target, target_cache, route_counter, st, freed);
 }
 
 arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
                                        block_cache* target_cache, stat::counter route_counter,
-                                       stats::local& st) {
+                                       stats::local& st, bool* freed) {
   if (config_.before_free != nullptr) {
     run_before_free(*driver_, config_.before_free, config_.before_free_user_data, a.placement.base,
                     a.placement.held_bytes, target);
@@ -191,15 +191,16 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
   // host driver queues the free as host work, which may find no host memory: the block is
   // written off then and counted, as at a flush or in the reclaimer, and the free stands.
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
-  bool freed = true;
+  bool queued = true;
   try {
     status = driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
   } catch (const std::bad_alloc&) {
-    freed = false;
+    queued = false;
     st.count(stat::reclaim_failures);
   }
+  if (freed != nullptr) *freed = queued;
   if (!a.graph()) st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
-  if (freed && status == ARCPOOL_STATUS_SUCCESS) {
+  if (queued && status == ARCPOOL_STATUS_SUCCESS) {
     st.count(stat::frees);
     st.count(route_counter);
   }
@@ -284,10 +285,11 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
       const std::optional<arcpool_status_t> freed = origin.entry->with_alive([&](stream_handle h) {
         ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(h, &origin_capturing));
         if (origin_capturing) return ARCPOOL_STATUS_SUCCESS;
+        bool routed = false;
         ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, force, implicit, h, cache_for(origin),
-                                                fences, stat::cross_stream_frees));
+                                                fences, stat::cross_stream_frees, &routed));
         stream_stats_of(origin).cross_stream_free();
-        stats_.count(stat::origin_routed_frees);
+        if (routed) stats_.count(stat::origin_routed_frees);
         return ARCPOOL_STATUS_SUCCESS;
       });
       if (freed && !origin_capturing) return *freed;
@@ -301,10 +303,12 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
 
   if (r == route::wait_and_free || r == route::prefer_origin) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, caller.id, &fences));
+    bool freed = false;
     ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, force, implicit, caller.handle,
-                                            cache_for(caller), fences, stat::cross_stream_frees));
+                                            cache_for(caller), fences, stat::cross_stream_frees,
+                                            &freed));
     stream_stats_of(origin).cross_stream_free();
-    if (fell_back) stats_.count(stat::origin_fallbacks);
+    if (fell_back && freed) stats_.count(stat::origin_fallbacks);
     return ARCPOOL_STATUS_SUCCESS;
   }
 

@@ -508,15 +508,6 @@ class cuda_driver final : public driver {
 
 }  // namespace
 
-bool cuda_devices_present() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // ours only, as in check()
-    return false;
-  }
-  return count > 0;
-}
-
 bool cuda_device_usable(int device, std::string* why) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
@@ -540,6 +531,19 @@ bool cuda_device_usable(int device, std::string* why) {
     return false;
   }
   return true;
+}
+
+bool cuda_any_device_usable() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // ours only, as in check()
+    return false;
+  }
+  std::string why;
+  for (int device = 0; device < count; ++device) {
+    if (cuda_device_usable(device, &why)) return true;
+  }
+  return false;
 }
 
 std::unique_ptr<driver> make_cuda_driver(const driver_config& config, arcpool_status_t* status) {

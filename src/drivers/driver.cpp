@@ -70,7 +70,7 @@ arcpool_driver_kind_t resolve_auto_driver() {
     if (std::strcmp(env, "host") == 0) return ARCPOOL_DRIVER_HOST;
     return ARCPOOL_DRIVER_AUTO;
   }
-  return cuda_devices_present() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
+  return cuda_any_device_usable() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
 }
 
 arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver>* out) {
@@ -90,7 +90,7 @@ arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver
     }
   }
   if (kind == ARCPOOL_DRIVER_AUTO) {
-    kind = cuda_devices_present() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
+    kind = cuda_any_device_usable() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
   }
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
   switch (kind) {

@@ -206,9 +206,9 @@ class driver {
 };
 
 /// What AUTO resolves to: ARCPOOL_DRIVER if set (ARCPOOL_DRIVER_AUTO when it names no driver),
-/// else CUDA when the process sees a CUDA device, else host. Never host for a device that does
-/// not exist or cannot pool memory on a machine with CUDA devices: the CUDA driver refuses it
-/// (NO_DEVICE), where host memory would reach a framework as device memory.
+/// else CUDA when any device is usable, else host. Never host for a device that does not exist
+/// or cannot pool memory on a machine with a usable one: the CUDA driver refuses it (NO_DEVICE),
+/// where host memory would reach a framework as device memory.
 arcpool_driver_kind_t resolve_auto_driver();
 
 /// Resolves AUTO (and ARCPOOL_DRIVER) and creates the driver `config` asks for.
@@ -217,8 +217,8 @@ arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver
 /// Whether the CUDA runtime has a usable device `device`; `why` says why not.
 bool cuda_device_usable(int device, std::string* why);
 
-/// Whether the CUDA runtime answers and counts at least one device.
-bool cuda_devices_present();
+/// Whether the CUDA runtime has a usable device (cuda_device_usable) of any index.
+bool cuda_any_device_usable();
 
 /// Test double: makes every later call of a host driver fail as a sticky CUDA error would
 /// (ARCPOOL_STATUS_CUDA_ERROR naming cudaErrorIllegalAddress). No effect on a CUDA driver.

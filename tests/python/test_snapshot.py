@@ -44,6 +44,7 @@ _WORKLOAD = textwrap.dedent("""
 
 def _run_child(script, history, *args):
     env = dict(os.environ)
+    env["ARCPOOL_DRIVER"] = "host"  # devices 1 and 2, which a GPU machine may not have
     env.pop("ARCPOOL_HISTORY", None)
     if history is not None:
         env["ARCPOOL_HISTORY"] = str(history)
