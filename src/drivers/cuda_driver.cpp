@@ -535,14 +535,11 @@ bool cuda_device_usable(int device, std::string* why) {
 
 bool cuda_any_device_usable() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // ours only, as in check()
-    return false;
-  }
+  const bool counted = cudaGetDeviceCount(&count) == cudaSuccess;
+  if (!counted) cudaGetLastError();  // ours only, as in check()
   std::string why;
-  for (int device = 0; device < count; ++device) {
+  for (int device = 0; counted && device < count; ++device)
     if (cuda_device_usable(device, &why)) return true;
-  }
   return false;
 }
 
