@@ -545,6 +545,12 @@ struct handoff {
     ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(alloc, kBytes, 0, from, 0, &a))
         << arcpool_last_error();
   }
+  /// Makes an allocator of `driver` with the default options, then opens on it.
+  void open_on(arcpool_driver_kind_t driver) {
+    arcpool_allocator_t* allocator = allocator_on(driver);
+    ASSERT_NE(nullptr, allocator);
+    open(allocator);
+  }
   /// The allocation's current stream.
   arcpool_stream_t current() const {
     arcpool_allocation_info_t info;
@@ -562,6 +568,12 @@ struct handoff {
     EXPECT_OK(arcpool_stream_synchronize(alloc, to));
     EXPECT_OK(arcpool_stream_destroy(alloc, from));
     EXPECT_OK(arcpool_stream_destroy(alloc, to));
+  }
+  /// Destroys the streams and the allocator, whatever became of the allocation.
+  void destroy() {
+    EXPECT_OK(arcpool_stream_destroy(alloc, from));
+    EXPECT_OK(arcpool_stream_destroy(alloc, to));
+    arcpool_allocator_destroy(alloc);
   }
 };
 
@@ -590,9 +602,7 @@ TEST(HostMemoryExhaustion, AFreeWhoseStreamCacheCannotGrowGoesToThePool) {
   EXPECT_EQ(0u, st.bytes_cached_current);
   EXPECT_EQ(0u, st.bytes_held_current) << "the block was lost";
   EXPECT_EQ(1u, st.frees);
-  EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
-  EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
-  arcpool_allocator_destroy(alloc);
+  h.destroy();
 }
 
 TEST(HostMemoryExhaustion, AnAllocationTheHistoryHasNoMemoryToNoteLosesNothing) {
@@ -642,10 +652,8 @@ TEST(HostMemoryExhaustion, AFenceTheHostHasNoMemoryForFailsItsTransferAndChanges
   // A transfer's fence is the first of its pool's (no event to reuse): its record cannot be
   // made. The event made for it goes too (LeakSanitizer checks it in the ASan build), and the
   // allocation stays on its stream.
-  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_HOST);
-  ASSERT_NE(nullptr, alloc);
   handoff h;
-  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  ASSERT_NO_FATAL_FAILURE(h.open_on(ARCPOOL_DRIVER_HOST));
 
   const int failed_before = g_scalar_news.failed.load();
   g_scalar_news.to_fail = 1;
@@ -659,7 +667,7 @@ TEST(HostMemoryExhaustion, AFenceTheHostHasNoMemoryForFailsItsTransferAndChanges
   EXPECT_EQ(h.from, h.current()) << "the refused transfer moved the allocation";
 
   h.close();  // the transfer works now
-  arcpool_allocator_destroy(alloc);
+  arcpool_allocator_destroy(h.alloc);
 }
 
 TEST(HostMemoryExhaustion, AFenceReleasedWhenItsShardCannotGrowIsNotKeptAndLosesNothing) {
@@ -674,10 +682,8 @@ TEST(HostMemoryExhaustion, AFenceReleasedWhenItsShardCannotGrowIsNotKeptAndLoses
   warm_up.close();
   arcpool_allocator_destroy(warm);
 
-  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
-  ASSERT_NE(nullptr, alloc);
   handoff h;
-  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  ASSERT_NO_FATAL_FAILURE(h.open_on(ARCPOOL_DRIVER_NULL));
   // The first refused allocation is the shard's storage, which its first fence reserves; a
   // second would be one the fence's release made.
   const int failed_before = g_throwing_news.failed.load();
@@ -692,7 +698,7 @@ TEST(HostMemoryExhaustion, AFenceReleasedWhenItsShardCannotGrowIsNotKeptAndLoses
   // The pool works on: the allocation goes back and forth with host memory.
   EXPECT_OK(arcpool_transfer(h.a, h.from));
   h.close();
-  arcpool_allocator_destroy(alloc);
+  arcpool_allocator_destroy(h.alloc);
 }
 
 TEST(HostMemoryExhaustion, AThreadThatExitsWithoutHostMemoryGivesItsShardBackAndEndsCleanly) {
@@ -802,31 +808,25 @@ TEST(HostMemoryExhaustion, ALeakedAllocationsFreeTheHostHasNoMemoryForIsCountedN
   // with a use record of another stream its free is deferred. With every allocation of
   // arcpool's refused, the free is abandoned and counted; the process goes on. (The null
   // driver: the memory it abandons is no host memory, which LeakSanitizer would report.)
-  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
-  ASSERT_NE(nullptr, alloc);
   handoff h;
-  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  ASSERT_NO_FATAL_FAILURE(h.open_on(ARCPOOL_DRIVER_NULL));
   EXPECT_OK(arcpool_record_use(h.a, h.to));
   const int failed_before = g_throwing_news.failed.load();
   g_throwing_news.to_fail = 1000;
   arcpool_allocation_release(h.a);  // the last reference of a live allocation
   g_throwing_news.to_fail = 0;
   EXPECT_LT(failed_before, g_throwing_news.failed.load()) << "nothing was refused";
-  const arcpool_stats_t st = stats_of(alloc);
+  const arcpool_stats_t st = stats_of(h.alloc);
   EXPECT_EQ(1u, st.reclaim_failures);
   EXPECT_EQ(0u, st.implicit_frees);
-  EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
-  EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
-  arcpool_allocator_destroy(alloc);
+  h.destroy();
 }
 
 TEST(HostMemoryExhaustion, TheDataOfADeallocatedAllocationIsRefusedWithoutHostMemory) {
   // arcpool_allocation_data is not guarded: its refusal must name the allocation without
   // allocating, or std::bad_alloc leaves the C API.
-  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
-  ASSERT_NE(nullptr, alloc);
   handoff h;
-  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  ASSERT_NO_FATAL_FAILURE(h.open_on(ARCPOOL_DRIVER_NULL));
   EXPECT_OK(arcpool_deallocate_async(h.a, h.from, 0));
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
   void* p = nullptr;
@@ -845,9 +845,7 @@ TEST(HostMemoryExhaustion, TheDataOfADeallocatedAllocationIsRefusedWithoutHostMe
   EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "already deallocated"))
       << arcpool_last_error();
   arcpool_allocation_release(h.a);
-  EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
-  EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
-  arcpool_allocator_destroy(alloc);
+  h.destroy();
 }
 
 TEST(HostMemoryExhaustion, ADiscardAndReleaseRefusedItsFreeStillReleasesTheHandle) {
@@ -855,10 +853,8 @@ TEST(HostMemoryExhaustion, ADiscardAndReleaseRefusedItsFreeStillReleasesTheHandl
   // stream) is refused for host memory. The handle's reference goes whatever the status
   // (arcpool_allocation_discard_and_release): the caller may not use the handle again, so a
   // kept reference would keep the UNOWNED allocation, and its memory, for ever.
-  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_NULL);
-  ASSERT_NE(nullptr, alloc);
   handoff h;
-  ASSERT_NO_FATAL_FAILURE(h.open(alloc));
+  ASSERT_NO_FATAL_FAILURE(h.open_on(ARCPOOL_DRIVER_NULL));
   EXPECT_OK(arcpool_record_use(h.a, h.to));
   arcpool_allocation_t* const observer = h.a;
   EXPECT_OK(arcpool_allocation_retain(observer));
@@ -875,12 +871,10 @@ TEST(HostMemoryExhaustion, ADiscardAndReleaseRefusedItsFreeStillReleasesTheHandl
   EXPECT_EQ(ARCPOOL_ALLOCATION_UNOWNED, info.state);
   EXPECT_EQ(1u, info.references) << "the released handle's reference was kept";
   arcpool_allocation_release(observer);  // the last reference: the free is made now
-  const arcpool_stats_t st = stats_of(alloc);
+  const arcpool_stats_t st = stats_of(h.alloc);
   EXPECT_EQ(0u, st.allocations_in_use_current);
   EXPECT_EQ(0u, st.reclaim_failures);
-  EXPECT_OK(arcpool_stream_destroy(alloc, h.from));
-  EXPECT_OK(arcpool_stream_destroy(alloc, h.to));
-  arcpool_allocator_destroy(alloc);
+  h.destroy();
 }
 
 TEST(HostMemoryExhaustion, AFreeDeferredToAGraphsEndFencesItsStreamsWithoutHostMemory) {
