@@ -51,6 +51,31 @@ TEST_P(Routing, SameStreamFreeGoesStraightBackWithoutFences) {
   arcpool_allocation_release(a);
 }
 
+// A routing flag chooses how a free involving other streams is ordered; with none involved (the
+// caller is the origin and the current stream, and no use records) the counters say so: a wait
+// and free or a prefer-origin free is made directly on the origin stream (same_stream_frees),
+// and a deferred one, made by the reclaim worker, is neither cross-stream nor routed there for
+// another stream.
+TEST_P(Routing, AFlaggedFreeOnTheOriginInvolvingNoOtherStreamIsNotCountedCrossStream) {
+  for (uint32_t flag : {ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE,
+                        ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN, ARCPOOL_DEALLOCATE_FLAG_DEFERRED}) {
+    SCOPED_TRACE(flag);
+    const auto before = stats();
+    arcpool_allocation_t* a = allocate(kBytes, origin_);
+    EXPECT_OK(arcpool_deallocate_async(a, origin_, flag));
+    arcpool_allocation_release(a);
+    sync(origin_);
+    finish_reclaims();
+    const auto after = stats();
+    EXPECT_EQ(before.frees + 1, after.frees);
+    EXPECT_EQ(before.cross_stream_frees, after.cross_stream_frees);
+    EXPECT_EQ(before.origin_routed_frees, after.origin_routed_frees);
+    const uint64_t direct = flag == ARCPOOL_DEALLOCATE_FLAG_DEFERRED ? 0 : 1;
+    EXPECT_EQ(before.same_stream_frees + direct, after.same_stream_frees);
+    EXPECT_EQ(0u, stream_stats_row(origin_).cross_stream_frees) << "the origin's own row";
+  }
+}
+
 TEST_P(Routing, WaitAndFreeOrdersTheCallerAfterTheCurrentStream) {
   arcpool_allocation_t* a = allocation_in_use_on_busy(origin_);
   const uint64_t used = pool_used();

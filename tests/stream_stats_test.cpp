@@ -24,21 +24,6 @@ class StreamStats : public DriverTest {
     options.stream_cache_max_block = size_t{1} << 20;
   }
 
-  std::vector<arcpool_stream_stats_t> rows() const {
-    std::vector<arcpool_stream_stats_t> out(ARCPOOL_STREAM_STATS_ROWS + 1);
-    size_t count = 0;
-    EXPECT_OK(arcpool_stream_stats_list(alloc_, out.data(), sizeof(out[0]), out.size(), &count));
-    out.resize(count);
-    return out;
-  }
-  /// The row of `s` (the other-streams row for a null `s` with `other`).
-  arcpool_stream_stats_t row_of(arcpool_stream_t s, bool other = false) const {
-    for (const arcpool_stream_stats_t& r : rows()) {
-      if (other ? r.other == 1 : (r.other == 0 && r.stream == s)) return r;
-    }
-    ADD_FAILURE() << "no row for stream " << static_cast<void*>(s);
-    return {};
-  }
   void free_on(arcpool_allocation_t* a, arcpool_stream_t s, uint32_t flags = 0) {
     EXPECT_OK(arcpool_deallocate_async(a, s, flags));
     arcpool_allocation_release(a);
@@ -50,30 +35,30 @@ TEST_P(StreamStats, AnAllocationCountsOnItsOriginStreamUntilItIsFreed) {
   arcpool_stream_t user = make_stream();
   arcpool_allocation_t* a = allocate(kBig, origin);
   ASSERT_OK(arcpool_transfer(a, user));
-  arcpool_stream_stats_t o = row_of(origin);
+  arcpool_stream_stats_t o = stream_stats_row(origin);
   EXPECT_EQ(kBig, o.bytes_in_use_current);
   EXPECT_EQ(1u, o.allocations);
-  EXPECT_EQ(0u, row_of(user).bytes_in_use_current) << "a transfer moves no bytes";
+  EXPECT_EQ(0u, stream_stats_row(user).bytes_in_use_current) << "a transfer moves no bytes";
   free_on(a, user, ARCPOOL_DEALLOCATE_FLAG_DEFERRED);
   sync(origin);
   sync(user);
   finish_reclaims();
-  o = row_of(origin);
+  o = stream_stats_row(origin);
   EXPECT_EQ(0u, o.bytes_in_use_current);
   EXPECT_EQ(kBig, o.bytes_in_use_peak);
   EXPECT_EQ(1u, o.cross_stream_frees);
   EXPECT_EQ(1u, o.deferred_frees);
-  const arcpool_stream_stats_t u = row_of(user);
+  const arcpool_stream_stats_t u = stream_stats_row(user);
   EXPECT_EQ(0u, u.allocations + u.cross_stream_frees + u.deferred_frees + u.bytes_in_use_peak);
   EXPECT_OK(arcpool_stats_reset_peaks(alloc_));
-  EXPECT_EQ(0u, row_of(origin).bytes_in_use_peak);
+  EXPECT_EQ(0u, stream_stats_row(origin).bytes_in_use_peak);
 }
 
 TEST_P(StreamStats, ACacheHitCountsOnItsStream) {
   arcpool_stream_t s = make_stream();
   for (int i = 0; i < 3; ++i)
     free_on(allocate(kSmall, s), s);
-  const arcpool_stream_stats_t r = row_of(s);
+  const arcpool_stream_stats_t r = stream_stats_row(s);
   EXPECT_EQ(3u, r.allocations);
   EXPECT_EQ(2u, r.cache_hits);
   EXPECT_EQ(0u, r.cross_stream_frees);
@@ -85,11 +70,11 @@ TEST_P(StreamStats, AFreeIntoItsStreamsCacheTakesItsBytesOffTheRow) {
   arcpool_stream_t s = make_stream();
   for (int i = 0; i < 2; ++i) {
     arcpool_allocation_t* a = allocate(kSmall, s);
-    EXPECT_EQ(kSmall, row_of(s).bytes_in_use_current);
+    EXPECT_EQ(kSmall, stream_stats_row(s).bytes_in_use_current);
     free_on(a, s);
-    EXPECT_EQ(0u, row_of(s).bytes_in_use_current) << "round " << i;
+    EXPECT_EQ(0u, stream_stats_row(s).bytes_in_use_current) << "round " << i;
   }
-  EXPECT_EQ(1u, row_of(s).cache_hits);
+  EXPECT_EQ(1u, stream_stats_row(s).cache_hits);
 }
 
 TEST_P(StreamStats, TheRowsAddUpToTheAllocatorsTotals) {
@@ -121,7 +106,7 @@ TEST_P(StreamStats, TheRowsAddUpToTheAllocatorsTotals) {
   finish_reclaims();
   const arcpool_stats_t total = stats();
   arcpool_stream_stats_t sum{};
-  for (const arcpool_stream_stats_t& r : rows()) {
+  for (const arcpool_stream_stats_t& r : stream_stats_rows()) {
     sum.bytes_in_use_current += r.bytes_in_use_current;
     sum.allocations += r.allocations;
     sum.cache_hits += r.cache_hits;
@@ -134,38 +119,38 @@ TEST_P(StreamStats, TheRowsAddUpToTheAllocatorsTotals) {
   EXPECT_EQ(total.cross_stream_frees, sum.cross_stream_frees);
   EXPECT_EQ(total.deferred_frees, sum.deferred_frees);
   EXPECT_NE(0u, sum.cross_stream_frees);
-  EXPECT_NE(0u, row_of(nullptr, /*other=*/true).allocations) << "the unknown stream's";
+  EXPECT_NE(0u, stream_stats_row(nullptr, /*other=*/true).allocations) << "the unknown stream's";
   for (arcpool_allocation_t* h : live)
     free_on(h, nullptr, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE);
   sync(nullptr);
   EXPECT_OK(arcpool_stream_unregister(alloc_, registered));
-  EXPECT_EQ(1u, row_of(registered).retired) << "a retired stream keeps its row";
+  EXPECT_EQ(1u, stream_stats_row(registered).retired) << "a retired stream keeps its row";
 }
 
 TEST_P(StreamStats, TheLegacyDefaultStreamHasARowOfItsOwnFromItsFirstUse) {
   // PyTorch's and CuPy's default stream: a row with a NULL stream that is not the other row,
   // taken when the stream is first used, and counted like a created stream's, on the fast path
   // (the hit and the free into its cache) as on the general one.
-  EXPECT_EQ(1u, rows().size()) << "no row before its first use";
+  EXPECT_EQ(1u, stream_stats_rows().size()) << "no row before its first use";
   arcpool_stream_t unknown = make_app_stream();
   for (int i = 0; i < 3; ++i)
     free_on(allocate(kSmall, nullptr), nullptr);
   arcpool_allocation_t* big = allocate(kBig, nullptr);
   free_on(allocate(kSmall, unknown), unknown);
-  ASSERT_EQ(2u, rows().size());
-  arcpool_stream_stats_t legacy = row_of(nullptr);
+  ASSERT_EQ(2u, stream_stats_rows().size());
+  arcpool_stream_stats_t legacy = stream_stats_row(nullptr);
   EXPECT_EQ(0u, legacy.other);
   EXPECT_EQ(4u, legacy.allocations);
   EXPECT_EQ(2u, legacy.cache_hits);
   EXPECT_EQ(kBig, legacy.bytes_in_use_current);
   EXPECT_EQ(kBig, legacy.bytes_in_use_peak);
-  const arcpool_stream_stats_t other = row_of(nullptr, /*other=*/true);
+  const arcpool_stream_stats_t other = stream_stats_row(nullptr, /*other=*/true);
   EXPECT_EQ(1u, other.allocations) << "only the unknown stream's";
   EXPECT_EQ(0u, other.bytes_in_use_current);
   free_on(big, nullptr);
   sync(nullptr);
   finish_reclaims();
-  legacy = row_of(nullptr);
+  legacy = stream_stats_row(nullptr);
   EXPECT_EQ(0u, legacy.bytes_in_use_current);
   EXPECT_EQ(0u, stats().bytes_in_use_current);
 }
@@ -188,25 +173,26 @@ TEST_P(StreamStats, TwoThreadsRegisteringOneStreamLeaveOneRow) {
     register_it();
     other.join();
     size_t rows_of_s = 0;
-    for (const arcpool_stream_stats_t& r : rows())
+    for (const arcpool_stream_stats_t& r : stream_stats_rows())
       rows_of_s += r.other == 0 && r.retired == 0 && r.stream == s ? 1 : 0;
     ASSERT_EQ(1u, rows_of_s) << "round " << round;
     ASSERT_OK(arcpool_stream_unregister(alloc_, s));
     destroy_app_stream(s);
   }
-  EXPECT_EQ(size_t{ARCPOOL_STREAM_STATS_ROWS} - 3, rows().size()) << "one row per stream";
+  EXPECT_EQ(size_t{ARCPOOL_STREAM_STATS_ROWS} - 3, stream_stats_rows().size())
+      << "one row per stream";
 }
 
 TEST_P(StreamStats, StreamsBeyondTheTableShareTheOtherRow) {
   std::vector<arcpool_stream_t> made;
   for (size_t i = 0; i < ARCPOOL_STREAM_STATS_ROWS + 2; ++i)
     made.push_back(make_stream());
-  EXPECT_EQ(size_t{ARCPOOL_STREAM_STATS_ROWS} + 1, rows().size()) << "bounded";
+  EXPECT_EQ(size_t{ARCPOOL_STREAM_STATS_ROWS} + 1, stream_stats_rows().size()) << "bounded";
   // Its cache's lock does not guard the shared row: the hit and the free into the cache count
   // on it all the same.
   free_on(allocate(kSmall, made.back()), made.back());
   free_on(allocate(kSmall, made.back()), made.back());
-  const arcpool_stream_stats_t other = row_of(nullptr, /*other=*/true);
+  const arcpool_stream_stats_t other = stream_stats_row(nullptr, /*other=*/true);
   EXPECT_EQ(2u, other.allocations);
   EXPECT_EQ(1u, other.cache_hits);
   EXPECT_EQ(0u, other.bytes_in_use_current);

@@ -268,6 +268,9 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   route r =
       a.current.retired() || !caller_usable ? route::deferred : choose_route(a, caller, flags);
   const stream_ref& origin = a.placement.origin;
+  // A routing flag may take a free involving no other stream off the same-stream route: it
+  // still counts as the origin's own free, not a cross-stream one.
+  const bool cross_stream = !a.uses.empty() || caller.id != origin.id || a.current.id != caller.id;
 
   if (r == route::same_stream) {
     return commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences,
@@ -304,10 +307,10 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   if (r == route::wait_and_free || r == route::prefer_origin) {
     ARCPOOL_RETURN_IF_ERROR(collect_fences(a, nullptr, caller.id, &fences));
     bool freed = false;
-    ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, force, implicit, caller.handle,
-                                            cache_for(caller), fences, stat::cross_stream_frees,
-                                            &freed));
-    stream_stats_of(origin).cross_stream_free();
+    ARCPOOL_RETURN_IF_ERROR(
+        commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences,
+                        cross_stream ? stat::cross_stream_frees : stat::same_stream_frees, &freed));
+    if (cross_stream) stream_stats_of(origin).cross_stream_free();
     if (fell_back && freed) stats_.count(stat::origin_fallbacks);
     return ARCPOOL_STATUS_SUCCESS;
   }
@@ -318,14 +321,16 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
   ARCPOOL_RETURN_IF_ERROR(collect_fences(a, &caller, kSkipNone, &fences));
   std::unique_ptr<reclaim_item> item = reclaimer_.prepare();
   ARCPOOL_RETURN_IF_ERROR(commit(a, force, implicit, caller.handle));
-  stats_.count(stat::cross_stream_frees);
-  stream_stats_of(origin).cross_stream_free();
+  if (cross_stream) {
+    stats_.count(stat::cross_stream_frees);
+    stream_stats_of(origin).cross_stream_free();
+  }
   item->pointer = a.placement.base;
   item->bytes = a.placement.held_bytes;
   item->fences = std::move(fences);
   item->origin = origin;
   item->counted_on = &stream_stats_of(origin);
-  item->routed_to_origin = true;
+  item->routed_to_origin = cross_stream;
   item->graph = a.graph();
   a.uses.clear();
   lock.unlock();

@@ -43,8 +43,8 @@ struct reclaim_item {
   /// External memory: called instead of a pool free (null for pool memory).
   arcpool_on_free_t on_free = nullptr;
   void* on_free_user_data = nullptr;
-  /// True when the item came from a deallocation routed for the origin's sake (counted as
-  /// origin-routed or fallback when it completes).
+  /// True when the item came from a deallocation involving another stream than the origin,
+  /// routed to the origin for its sake (counted as origin-routed or fallback when it completes).
   bool routed_to_origin = false;
   /// Graph memory (docs/graphs.md): not counted in the pool's gauges.
   bool graph = false;

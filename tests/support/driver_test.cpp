@@ -328,6 +328,22 @@ arcpool_stats_t DriverTest::stats() const {
   return s;
 }
 
+std::vector<arcpool_stream_stats_t> DriverTest::stream_stats_rows() const {
+  std::vector<arcpool_stream_stats_t> out(ARCPOOL_STREAM_STATS_ROWS + 1);
+  size_t count = 0;
+  EXPECT_OK(arcpool_stream_stats_list(alloc_, out.data(), sizeof(out[0]), out.size(), &count));
+  out.resize(count);
+  return out;
+}
+
+arcpool_stream_stats_t DriverTest::stream_stats_row(arcpool_stream_t s, bool other) const {
+  for (const arcpool_stream_stats_t& r : stream_stats_rows()) {
+    if (other ? r.other == 1 : (r.other == 0 && r.stream == s)) return r;
+  }
+  ADD_FAILURE() << "no statistics row for stream " << static_cast<void*>(s);
+  return {};
+}
+
 arcpool_allocation_info_t DriverTest::info(const arcpool_allocation_t* a) const {
   arcpool_allocation_info_t i{};
   i.struct_size = sizeof(i);

@@ -199,6 +199,11 @@ class DriverTest : public ::testing::TestWithParam<driver_param> {
   void* data(arcpool_allocation_t* a);
 
   arcpool_stats_t stats() const;
+  /// The per-stream statistics rows (arcpool_stream_stats_list).
+  std::vector<arcpool_stream_stats_t> stream_stats_rows() const;
+  /// The statistics row of `s`, or the other-streams row with `other` (a failure when there is
+  /// none).
+  arcpool_stream_stats_t stream_stats_row(arcpool_stream_t s, bool other = false) const;
   /// Bytes the pool has handed out and not yet taken back (host: exact; frees executed).
   uint64_t pool_used() const { return stats().pool_used_bytes_current; }
 
