@@ -303,6 +303,27 @@ TEST_P(StatsCounters, EachActionMovesExactlyItsCounters) {
   }
 }
 
+// bytes_held counts what was taken from the pool: a request the pool refuses was never held, so
+// its peak stays where it was, with or without a hard limit (which reserves the bytes before the
+// pool's call).
+TEST_P(StatsCounters, ARequestThePoolRefusesRaisesNoHeldPeak) {
+  a_ = alloc(kBig, s_);
+  const uint64_t peak = stats().bytes_held_peak;
+  EXPECT_LE(kBig, peak);
+  for (size_t limit : {size_t{0}, SIZE_MAX}) {
+    SCOPED_TRACE(limit);
+    EXPECT_OK(arcpool_allocator_set_hard_limit(alloc_, limit));
+    EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                  arcpool_allocate_async(alloc_, size_t{1} << 50, 0, s_, 0, &b_));
+    const arcpool_stats_t st = stats();
+    EXPECT_EQ(peak, st.bytes_held_peak) << "the refused request raised the peak";
+    EXPECT_EQ(1u, st.allocations_in_use_current);
+  }
+  EXPECT_OK(arcpool_allocator_set_hard_limit(alloc_, 0));
+  EXPECT_OK(arcpool_deallocate_async(a_, s_, 0));
+  release(a_);
+}
+
 ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(StatsCounters);
 
 }  // namespace

@@ -52,19 +52,29 @@ void* allocator::align_up(void* p, size_t alignment) {
 // Allocation
 
 arcpool_status_t allocator::try_pool_allocate(size_t bytes, const stream_ref& s, void** out) {
-  if (const size_t limit = hard_limit_.load(std::memory_order_relaxed); limit != 0) {
-    // Held bytes count in an int64_t: a limit past it (SIZE_MAX, a caller's "no limit") limits
-    // nothing more than INT64_MAX does.
-    const auto counted_limit = static_cast<int64_t>(std::min<size_t>(limit, INT64_MAX));
-    if (!stats_.try_add(stat::bytes_held, static_cast<int64_t>(bytes), counted_limit)) {
-      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached", limit);
-    }
-  } else {
-    stats_.add(stat::bytes_held, bytes);
+  const auto n = static_cast<int64_t>(bytes);
+  const size_t limit = hard_limit_.load(std::memory_order_relaxed);
+  if (limit == 0) {
+    // Counted once held: a request the pool refuses raises no peak.
+    ARCPOOL_RETURN_IF_ERROR(driver_->pool_allocate(bytes, s.handle, out));
+    stats_.add(stat::bytes_held, n);
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+  // Held bytes count in an int64_t: a limit past it (SIZE_MAX, a caller's "no limit") limits
+  // nothing more than INT64_MAX does. The bytes are reserved under the limit before the pool's
+  // call, and the peak raised only once the pool lent them.
+  const auto counted_limit = static_cast<int64_t>(std::min<size_t>(limit, INT64_MAX));
+  int64_t held = 0;
+  if (!stats_.try_reserve(stat::bytes_held, n, counted_limit, &held)) {
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "hard limit of %zu bytes reached", limit);
   }
   const arcpool_status_t status = driver_->pool_allocate(bytes, s.handle, out);
-  if (status != ARCPOOL_STATUS_SUCCESS) stats_.sub(stat::bytes_held, bytes);
-  return status;
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    stats_.sub(stat::bytes_held, n);
+    return status;
+  }
+  stats_.raise_peak(stat::bytes_held, held);
+  return ARCPOOL_STATUS_SUCCESS;
 }
 
 arcpool_status_t allocator::allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,

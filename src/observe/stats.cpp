@@ -6,13 +6,13 @@ namespace arcpool::detail {
 
 stats::stats() noexcept = default;
 
-bool stats::try_add(stat::gauge g, int64_t n, int64_t limit) noexcept {
-  gauge_total& total = totals_[g];
-  int64_t now = total.value.load(std::memory_order_relaxed);
+bool stats::try_reserve(stat::gauge g, int64_t n, int64_t limit, int64_t* total) noexcept {
+  std::atomic<int64_t>& value = totals_[g].value;
+  int64_t now = value.load(std::memory_order_relaxed);
   do {
     if (n > limit || now > limit - n) return false;
-  } while (!total.value.compare_exchange_weak(now, now + n, std::memory_order_relaxed));
-  raise_peak(total, now + n);
+  } while (!value.compare_exchange_weak(now, now + n, std::memory_order_relaxed));
+  *total = now + n;
   return true;
 }
 

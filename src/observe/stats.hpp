@@ -159,8 +159,12 @@ class stats {
   void add(stat::gauge g, int64_t n) noexcept { here().add(g, n); }
   void sub(stat::gauge g, int64_t n) noexcept { here().add(g, -n); }
 
-  /// Adds `n` to gauge `g` unless its exact total would exceed `limit` (bytes_held once exact).
-  bool try_add(stat::gauge g, int64_t n, int64_t limit) noexcept;
+  /// Adds `n` to gauge `g` unless its exact total would exceed `limit` (bytes_held once exact),
+  /// and sets `*total` to the total with it. The peak is left as it was: a reservation raises it
+  /// once it is used (raise_peak), and is given back with sub when it is not.
+  bool try_reserve(stat::gauge g, int64_t n, int64_t limit, int64_t* total) noexcept;
+  /// Raises gauge `g`'s peak to `value` if it is below.
+  void raise_peak(stat::gauge g, int64_t value) noexcept { raise_peak(totals_[g], value); }
   /// Makes bytes_held exact from now on (a hard limit): its flush threshold becomes 0.
   void make_bytes_held_exact() noexcept {
     totals_[stat::bytes_held].threshold.store(0, std::memory_order_relaxed);
