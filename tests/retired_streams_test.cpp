@@ -298,6 +298,38 @@ TEST_P(RetiredStreams, AUseRecordedOfItsCurrentStreamRegisteredAgainIsWaitedFor)
   }
 }
 
+// The same stream left unregistered: a use recorded of it after its unregistration is work its
+// final fence does not cover (an event covers what was queued before its record), and arcpool
+// never enqueues on it again. The use is fenced when it is recorded, as any unregistered
+// stream's (§6); it was taken for the current stream's own order and dropped.
+TEST_P(RetiredStreams, AUseRecordedOfItsUnregisteredCurrentStreamIsWaitedFor) {
+  for (const bool explicit_free : {true, false}) {
+    SCOPED_TRACE(explicit_free ? "an explicit free from another stream" : "a dropped last claim");
+    arcpool_stream_t app = registered();
+    arcpool_allocation_t* a = allocate(kBytes, origin_);
+    void* const mem = data(a);
+    EXPECT_OK(arcpool_transfer(a, app));
+    ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+    sync(app);  // the final fence completed: a free waiting on it alone is due at once
+    gate& busy = block(app);
+    fill_async(app, mem, kBytes, 0x37);
+    EXPECT_OK(arcpool_record_use(a, app));
+    const uint64_t frees = stats().frees;
+    if (explicit_free) {
+      EXPECT_OK(arcpool_deallocate_async(a, caller_, 0));
+      arcpool_allocation_release(a);
+    } else {
+      EXPECT_OK(arcpool_allocation_discard_and_release(a));
+    }
+    run_unheld({origin_, current_, caller_});
+    expect_pending(1, kBytes, frees);  // waiting for the fill
+    busy.open();
+    sync(app);
+    finish_reclaims();
+    EXPECT_EQ(frees + 1, stats().frees);
+  }
+}
+
 TEST_P(RetiredStreams, AUseRecordOnAStreamUnregisteredSinceIsCoveredByItsFinalFence) {
   arcpool_stream_t app = registered();
   arcpool_allocation_t* a = allocate(kBytes, origin_);

@@ -98,11 +98,13 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(user.handle, &capturing));
   std::lock_guard<spinlock> lock(a.mutex);
   ARCPOOL_RETURN_IF_ERROR(check_usable(a, "record_use"));
-  if (user.id == a.current.id && !(a.current.retired() && user.provably_alive())) {
+  if (user.id == a.current.id && !a.current.retired()) {
     // Its own order covers it, but for a per-thread default stream, which other threads cannot
     // name: what they wait on is the fence taken when it was named (design.md §6), taken again
-    // now so that it covers the work queued there since. (A current stream unregistered and
-    // registered again since is another, live entry: a use of it is recorded as any other's.)
+    // now so that it covers the work queued there since. (A retired current stream is never
+    // enqueued on again, and its final fence covers only what came before its retirement: a
+    // use of it, unregistered still or registered again as another, live entry, is recorded as
+    // any other stream's.)
     if (user.kind != stream_kind::per_thread_default || capturing) return ARCPOOL_STATUS_SUCCESS;
     fence_ref now;
     ARCPOOL_RETURN_IF_ERROR(take_fence(user, &now));
