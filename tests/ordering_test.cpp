@@ -136,6 +136,29 @@ TEST_P(Ordering, AUseThatOutlivesTheDeallocationIsFencedAtDeallocation) {
   arcpool_allocation_release(a);
 }
 
+/// A plain record of the same stream later (another component's) takes back no promise: the
+/// use is still fenced at deallocation, not by a fence taken at the plain record, which would
+/// leave out the work queued on the stream after it.
+TEST_P(Ordering, APlainRecordKeepsAnOutlivingRecordsFenceAtDeallocation) {
+  arcpool_stream_t app = make_app_stream();
+  arcpool_allocation_t* a = allocate(kBytes, origin_);
+  sync(origin_);
+  EXPECT_OK(
+      arcpool_record_use_with_flags(a, app, ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION));
+  EXPECT_OK(arcpool_record_use(a, app));
+  EXPECT_EQ(2u, stats().use_records);
+  gate& user_busy = block(app);
+  fill_async(app, data(a), kBytes, 0x46);  // queued after both records
+  EXPECT_OK(arcpool_deallocate_async(a, origin_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+  auto after_free = mark(origin_);
+  settle(origin_);
+  EXPECT_FALSE(after_free->reached()) << "freed before the side stream's later work";
+  user_busy.open();
+  sync(origin_);
+  EXPECT_TRUE(after_free->reached());
+  arcpool_allocation_release(a);
+}
+
 TEST_P(Ordering, DefaultRoutingWithUseRecordsDefersWithoutFalseDependency) {
   arcpool_allocation_t* a = allocate(kBytes, origin_);
   const uint64_t used = pool_used();

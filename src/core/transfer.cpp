@@ -135,20 +135,20 @@ arcpool_status_t allocator::record_use(allocation& a, stream_handle s, uint32_t 
     // default stream: fence it now for them in any case.
     const bool alive = user.provably_alive();
     at_deallocation = alive || (flags & ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION) != 0;
+    // A record that fences this stream at deallocation with no fence now, by the same registry
+    // entry (a stream unregistered and registered again has a new one, alive where the old is
+    // retired), already covers this use (a stream recorded again and again, as record_stream
+    // does). It also covers more than a fence taken now would: a plain record after one that
+    // said the stream outlives the deallocation takes back no promise.
+    for (const use_record& u : a.uses) {
+      if (u.stream.id == user.id && u.stream.entry == user.entry &&
+          u.stream.handle == user.handle && u.at_deallocation && !u.fence) {
+        stats_.at(thread_shard(ts)).count(stat::use_records);
+        return ARCPOOL_STATUS_SUCCESS;
+      }
+    }
     if (!alive && (!at_deallocation || user.kind == stream_kind::per_thread_default)) {
       ARCPOOL_RETURN_IF_ERROR(take_fence(user, &fence));
-    } else {
-      // Fenced at deallocation with no fence now: a record that says the same of this stream,
-      // by the same registry entry (a stream unregistered and registered again has a new one,
-      // alive where the old is retired), already covers this use (a stream recorded again and
-      // again, as record_stream does).
-      for (const use_record& u : a.uses) {
-        if (u.stream.id == user.id && u.stream.entry == user.entry &&
-            u.stream.handle == user.handle && u.at_deallocation && !u.fence) {
-          stats_.at(thread_shard(ts)).count(stat::use_records);
-          return ARCPOOL_STATUS_SUCCESS;
-        }
-      }
     }
   }
   use_record record{std::move(user), std::move(fence), at_deallocation};

@@ -102,13 +102,14 @@ class reference_model {
 
   /// A use of `stream`, whose registration now is `registration` (0: none). The current
   /// stream's own order covers a use of it, unless the registration it had when it became
-  /// current was withdrawn and it is registered again: then it is another stream to arcpool.
+  /// current was withdrawn: arcpool never enqueues on that registration again, so the use is
+  /// recorded, whether the stream stays unregistered or is registered again (another stream
+  /// to arcpool).
   arcpool_status_t record_use(int id, int stream, int registration) {
     allocation& a = at(id);
     if (!usable(a)) return ARCPOOL_STATUS_ALREADY_DEALLOCATED;
-    const bool registered_again =
-        a.current_registration != 0 && registration != 0 && registration != a.current_registration;
-    if (stream != a.current || registered_again) a.uses.insert(stream);
+    const bool withdrawn = a.current_registration != 0 && registration != a.current_registration;
+    if (stream != a.current || withdrawn) a.uses.insert(stream);
     return ARCPOOL_STATUS_SUCCESS;
   }
 
