@@ -191,8 +191,8 @@ def stats(device=0):
 
 
 def _device_index(device):
-    """torch.cuda's device argument (None: the current device; an int, "cuda:N" or a
-    torch.device) as an index. None is device 0 where torch or CUDA is not available. A device
+    """torch.cuda's device argument (None: the current device; an int, "cuda:N", a
+    torch.device or a torch.cuda.device) as an index. None is device 0 where torch or CUDA is not available. A device
     this process does not have raises, as torch's own statistics do ("Invalid device argument"):
     arcpool would read zeros for it (no allocator)."""
     index = _device_argument(device)
@@ -227,6 +227,10 @@ def _device_argument(device):
         if kind != "cuda":
             raise ValueError(f"arcpool: {device!r} is not a CUDA device")
         return int(index) if index else _device_argument(None)
+    if not hasattr(device, "type") and isinstance(getattr(device, "idx", None), int):
+        # A torch.cuda.device (torch.cuda.device_of's too), as torch.cuda's _get_device_index
+        # reads it: -1 is the no-op device(-1), the current device.
+        return _device_argument(None) if device.idx < 0 else device.idx
     index = getattr(device, "index", None)  # torch.device
     if getattr(device, "type", "cuda") != "cuda":
         raise ValueError(f"arcpool: {device!r} is not a CUDA device")

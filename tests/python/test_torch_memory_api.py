@@ -81,6 +81,9 @@ class TorchMemoryApi(unittest.TestCase):
                 at._device_index("cuda:3")
         else:  # no device to check against (no GPU, or no torch), or a fourth device
             self.assertEqual(3, at._device_index("cuda:3"))
+        # A torch.cuda.device (the context manager, torch.cuda.device_of's too) has idx, as
+        # torch.cuda's _get_device_index reads it.
+        self.assertEqual(1, at._device_argument(types.SimpleNamespace(idx=1)))
         with self.assertRaises(ValueError):
             at.memory_allocated("cpu")
         with self.assertRaises(ValueError):
