@@ -819,6 +819,10 @@ TEST(HostMemoryExhaustion, ALeakedAllocationsFreeTheHostHasNoMemoryForIsCountedN
   const arcpool_stats_t st = stats_of(h.alloc);
   EXPECT_EQ(1u, st.reclaim_failures);
   EXPECT_EQ(0u, st.implicit_frees);
+  // The allocation is gone with its record, its memory written off: nothing stays counted.
+  EXPECT_EQ(0u, st.allocations_in_use_current);
+  EXPECT_EQ(0u, st.bytes_in_use_current);
+  EXPECT_EQ(0u, st.bytes_held_current);
   h.destroy();
 }
 

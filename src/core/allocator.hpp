@@ -424,6 +424,12 @@ class allocator {
   /// commit with the calling thread's stats shard, looked up by the caller.
   arcpool_status_t commit(allocation& a, bool force, bool implicit, stream_handle stream,
                           stats::local& st);
+  /// What a commit tells once the deallocation is accepted: the allocation leaves the gauges,
+  /// its stream's row, the log (a free row on `stream`), NVTX and the history.
+  void forget(allocation& a, stream_handle stream, stats::local& st);
+  /// A leaked allocation whose implicit free failed before its commit (its last reference is
+  /// going): forgotten, its memory written off (left in the pool, no longer held).
+  void write_off_leaked(allocation& a) noexcept;
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
   arcpool_status_t try_pool_allocate(size_t bytes, const stream_ref& s, void** out);

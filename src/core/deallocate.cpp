@@ -134,6 +134,11 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
         ownership_failure(a, a.owners.accept_deallocation(force), "deallocate"));
   }
   st.count(implicit ? stat::implicit_frees : stat::deallocations);
+  forget(a, stream, st);
+  return ARCPOOL_STATUS_SUCCESS;
+}
+
+void allocator::forget(allocation& a, stream_handle stream, stats::local& st) {
   if (a.current_fence) a.current_fence = fence_ref();  // its fences were collected already
   if (log_.enabled() && !a.external()) {
     log_.write("free", a.placement.data, a.placement.size, stream);
@@ -147,7 +152,14 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
     stream_stats_of(a.placement.origin).freed(a.placement.size);
     if (history_.enabled()) history_.free_requested(a.placement.base, stream);
   }
-  return ARCPOOL_STATUS_SUCCESS;
+}
+
+void allocator::write_off_leaked(allocation& a) noexcept {
+  stats::local st = stats_.here();
+  forget(a, a.current.handle, st);
+  if (a.external() || a.placement.size == 0) return;  // nothing of the pool's
+  if (history_.enabled()) history_.segment_free(a.placement.base, a.current.handle);
+  if (!a.graph()) st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
 }
 
 arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,
@@ -464,9 +476,14 @@ void allocator::free_at_last_reference(allocation* a) noexcept {
       }
       if (status != ARCPOOL_STATUS_SUCCESS) {
         stats_.count(stat::reclaim_failures);
-        // A graph pool's block stays in the allocator's pool as well, written off: its pool's
-        // reference goes, so that the pool, and then the allocator, can still be released.
-        if (graph_pool* lender = a->lender(); lender != nullptr && !a->ended()) lender->abandon();
+        if (!a->ended()) {
+          // Refused before its commit: the allocation goes with its record all the same, off
+          // the gauges, its memory written off. A graph pool's block stays in the allocator's
+          // pool as well: its pool's reference goes, so that the pool, and then the allocator,
+          // can still be released.
+          write_off_leaked(*a);
+          if (graph_pool* lender = a->lender(); lender != nullptr) lender->abandon();
+        }
       }
       if (!lock.owns_lock()) lock.lock();
     }
