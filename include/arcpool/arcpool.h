@@ -783,9 +783,11 @@ ARCPOOL_API arcpool_status_t arcpool_graph_pool_release(arcpool_graph_pool_t* po
  * once the threads that change it are quiescent (read while they run, it is never below 0, and
  * `_peak` is never below it). To keep the hot path free of shared writes each thread batches its
  * changes (up to 1 MiB for byte gauges, 64 for allocations_in_use), so a `_peak` may miss a rise
- * shorter than that batch per thread. A thread's allocations_in_use is flushed whenever its
- * bytes_in_use is, so the two peaks are taken together. Under a hard limit bytes_held is exact (the
- * limit is checked against it). */
+ * shorter than that batch per thread, and may read up to a batch per thread above the true
+ * high-water mark when memory allocated on one thread is freed on another (the first thread's
+ * rises reach the total while the other's falls wait in its batch). A thread's allocations_in_use
+ * is flushed whenever its bytes_in_use is, so the two peaks are taken together. Under a hard limit
+ * bytes_held is exact (the limit is checked against it). */
 #define ARCPOOL_STATS_GAUGES(X)                                                         \
   X(bytes_in_use, "bytes of live allocations (requested sizes)")                        \
   X(allocations_in_use, "live allocations")                                             \

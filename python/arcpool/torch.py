@@ -14,7 +14,8 @@ place of torch.cuda's (and torch.cuda.memory's), unpatch_memory_api() restores t
 figures: memory_allocated is the bytes of live allocations (requested sizes), memory_reserved
 the bytes the CUDA pool reserves from the device (cudaMemPoolAttrReservedMemCurrent, as torch's
 own cudaMallocAsync backend reports it); peaks may miss a rise shorter than arcpool's per-thread
-batch (1 MiB; see arcpool_stats_t).
+batch (1 MiB; see arcpool_stats_t), or read up to that batch per thread above the true peak when
+memory allocated on one thread is freed on another (autograd's thread, say).
 
 install() wires every hook PyTorch accepts as a C function pointer: alloc / free (the free
 receives the allocation stream), record_stream (Tensor.record_stream becomes an arcpool use
