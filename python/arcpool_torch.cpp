@@ -319,17 +319,19 @@ ARCPOOL_TORCH_API arcpool_status_t arcpool_torch_capture_stream_begin(int device
 
 /// Called by arcpool.torch after PyTorch's CUDAGraph.capture_end (or a failed capture_begin):
 /// withdraws the registration arcpool_torch_capture_stream_begin made. Returns arcpool's
-/// status (ctypes).
+/// status (ctypes): UNSUPPORTED while the stream still captures (a capture_end PyTorch refused),
+/// the stream then staying a registered capture stream until a later call.
 ARCPOOL_TORCH_API arcpool_status_t arcpool_torch_capture_stream_end(int device,
                                                                     cudaStream_t stream) {
-  {
-    std::lock_guard<std::mutex> lock(g_pools_mutex);
-    const auto it = std::find(g_capture_streams.begin(), g_capture_streams.end(),
-                              std::make_pair(device, stream));
-    if (it != g_capture_streams.end()) g_capture_streams.erase(it);
-  }
   arcpool_allocator_t* a = nullptr;
-  const arcpool_status_t status = arcpool_default_allocator_get(device, &a);
-  if (status != ARCPOOL_STATUS_SUCCESS) return status;
-  return arcpool_stream_unregister(a, reinterpret_cast<arcpool_stream_t>(stream));
+  arcpool_status_t status = arcpool_default_allocator_get(device, &a);
+  if (status == ARCPOOL_STATUS_SUCCESS) {
+    status = arcpool_stream_unregister(a, reinterpret_cast<arcpool_stream_t>(stream));
+    if (status == ARCPOOL_STATUS_UNSUPPORTED) return status;  // capturing: registered still
+  }
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  const auto it =
+      std::find(g_capture_streams.begin(), g_capture_streams.end(), std::make_pair(device, stream));
+  if (it != g_capture_streams.end()) g_capture_streams.erase(it);
+  return status;
 }

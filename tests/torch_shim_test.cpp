@@ -457,6 +457,34 @@ TEST_F(TorchShim, ASideStreamTheCaptureForksToAllocatesFromTheGraphPool) {
   cudaStreamDestroy(s);
 }
 
+TEST_F(TorchShim, AnEndRefusedWhileTheCaptureGoesOnKeepsTheCaptureStream) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // PyTorch's capture_end refuses to end a capture from another stream than it began on, and
+  // the capture goes on; arcpool.torch then withdraws the registration, which arcpool refuses
+  // while the stream captures. The stream stays a capture stream the capture binds on: a side
+  // stream the capture forks to still allocates from the graph pool.
+  const torch_mempool_id pool{0, 10};
+  cudaStream_t s = nullptr, side = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  begin_torch_capture(s, pool);
+  EXPECT_EQ(ARCPOOL_STATUS_UNSUPPORTED, arcpool_torch_capture_stream_end(0, s));
+  wait_stream(side, s);  // fork
+  void* tmp = nullptr;
+  EXPECT_NO_THROW(tmp = arcpool_torch_malloc(kStepBytes, 0, side));
+  if (tmp != nullptr) arcpool_torch_free(tmp, kStepBytes, 0, side);
+  wait_stream(s, side);  // join
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  arcpool_torch_end_allocate_to_pool(0, pool);
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_end(0, s));
+  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  arcpool_torch_release_pool(0, pool);
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(side);
+  cudaStreamDestroy(s);
+}
+
 TEST_F(TorchShim, ACaptureOnAStreamArcpoolWasNotToldOfRaisesUnsupported) {
   CONFORMANCE_SIMCUDA_ONLY();
   // Without arcpool.torch's registration of the capture stream (a capture PyTorch's CUDAGraph

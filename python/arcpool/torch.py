@@ -132,6 +132,8 @@ def install():
     return _installed
 
 
+_UNSUPPORTED = 6  # ARCPOOL_STATUS_UNSUPPORTED (arcpool.h)
+
 # PyTorch's graph-pool setters (torch 2.11: torch._C._CUDAPluggableAllocator) and the shim's
 # C++ functions of the matching types (python/arcpool_torch.cpp).
 _GRAPH_HOOKS = {
@@ -173,8 +175,12 @@ def _register_capture_streams(torch, shim):
         try:
             end(self)
         except BaseException:
-            if stream is not None:
-                shim.arcpool_torch_capture_stream_end(device, stream)  # PyTorch's error first
+            # PyTorch's error first. A capture PyTorch did not end (capture_end from another
+            # stream than the capture's) goes on: arcpool refuses to withdraw the registration
+            # while the stream captures (UNSUPPORTED), and the next capture_end withdraws it.
+            if (stream is not None and shim.arcpool_torch_capture_stream_end(device, stream)
+                    == _UNSUPPORTED):
+                registered[id(self)] = (device, stream)
             raise
         if stream is not None:
             _lib.check(shim.arcpool_torch_capture_stream_end(device, stream),

@@ -14,18 +14,25 @@ class _StandIns:
     """A torch with a CUDAGraph class and a current stream, and a shim whose registration
     functions record their calls; `calls` interleaves both in order."""
 
-    def __init__(self, stream=0x5000, begin_error=None, end_error=None, register_status=0):
+    def __init__(self, stream=0x5000, begin_error=None, end_error=None, register_status=0,
+                 end_refusals=0):
         self.calls = []
         calls = self.calls
+        capture = {"on": False, "refusals": end_refusals}
 
         class CUDAGraph:
             def capture_begin(self, pool=None, capture_error_mode="global"):
                 calls.append(("capture_begin", pool, capture_error_mode))
                 if begin_error is not None:
                     raise begin_error
+                capture["on"] = True
 
             def capture_end(self):
                 calls.append(("capture_end",))
+                if capture["refusals"] > 0:  # PyTorch's check before it ends the capture
+                    capture["refusals"] -= 1
+                    raise RuntimeError("Capture must end on the same stream it began on.")
+                capture["on"] = False
                 if end_error is not None:
                     raise end_error
 
@@ -37,9 +44,9 @@ class _StandIns:
             calls.append(("register", device, s))
             return register_status
 
-        def unregister(device, s):
+        def unregister(device, s):  # arcpool refuses it while the stream captures
             calls.append(("unregister", device, s))
-            return 0
+            return at._UNSUPPORTED if capture["on"] else 0
 
         self.shim = types.SimpleNamespace(arcpool_torch_capture_stream_begin=register,
                                           arcpool_torch_capture_stream_end=unregister)
@@ -74,6 +81,16 @@ class CaptureStreamRegistration(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "not permitted"):
             g.capture_end()
         self.assertEqual(("unregister", 0, 0x5000), fake.calls[-1])
+
+    def test_a_capture_end_pytorch_refused_keeps_the_registration_for_the_next(self):
+        fake = _StandIns(end_refusals=1)
+        g = fake.graph()
+        g.capture_begin()
+        with self.assertRaisesRegex(RuntimeError, "same stream"):
+            g.capture_end()  # the capture goes on: the withdrawal is refused
+        self.assertEqual(("unregister", 0, 0x5000), fake.calls[-1])
+        g.capture_end()
+        self.assertEqual([("capture_end",), ("unregister", 0, 0x5000)], fake.calls[-2:])
 
     def test_a_refused_registration_raises_arcpools_error_and_begins_no_capture(self):
         fake = _StandIns(register_status=3)
