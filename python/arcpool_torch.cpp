@@ -156,6 +156,48 @@ void unbind_ended(torch_pool& p) {
   }
 }
 
+/// A free PyTorch handed over that arcpool refused with UNSUPPORTED: a stream recorded for the
+/// memory (record_stream) captures a graph, where no fence can be taken. PyTorch's own
+/// allocator defers such a free until no capture is under way
+/// (needs_events_deferred_until_no_capture); the free hook cannot refuse, and PyTorch forgets
+/// the pointer, so the shim keeps it (arcpool's entry for it stays, nothing was freed) and
+/// makes the free again after a capture's end, and at empty_cache.
+struct refused_free {
+  void* ptr;
+  size_t size;
+  int device;
+  cudaStream_t stream;
+};
+std::mutex g_refused_mutex;
+std::vector<refused_free> g_refused;  // under g_refused_mutex
+
+/// Frees `f`; a refusal for a capture keeps it for later, any other failure is reported.
+void free_or_keep(const refused_free& f) {
+  const arcpool_status_t status =
+      arcpool_free_async(f.ptr, f.size, f.device, reinterpret_cast<arcpool_stream_t>(f.stream));
+  if (status == ARCPOOL_STATUS_SUCCESS) return;
+  if (status == ARCPOOL_STATUS_UNSUPPORTED) {
+    try {
+      std::lock_guard<std::mutex> lock(g_refused_mutex);
+      g_refused.push_back(f);
+      return;
+    } catch (const std::exception&) {  // no host memory to keep it: reported below
+    }
+  }
+  std::fprintf(stderr, "arcpool: free of %p failed: %s\n", f.ptr, arcpool_last_error());
+}
+
+/// Makes the refused frees again (a capture ended): each is freed, or kept once more.
+void retry_refused_frees() {
+  std::vector<refused_free> refused;
+  {
+    std::lock_guard<std::mutex> lock(g_refused_mutex);
+    refused.swap(g_refused);
+  }
+  for (const refused_free& f : refused)
+    free_or_keep(f);
+}
+
 }  // namespace
 
 /// PyTorch's alloc: void* (size_t size, int device, cudaStream_t stream).
@@ -171,10 +213,7 @@ ARCPOOL_TORCH_API void* arcpool_torch_malloc(size_t size, int device, cudaStream
 /// PyTorch's free: void (void* ptr, size_t size, int device, cudaStream_t stream); the stream
 /// is the one the block was allocated on. Never throws.
 ARCPOOL_TORCH_API void arcpool_torch_free(void* ptr, size_t size, int device, cudaStream_t stream) {
-  if (arcpool_free_async(ptr, size, device, reinterpret_cast<arcpool_stream_t>(stream)) !=
-      ARCPOOL_STATUS_SUCCESS) {
-    std::fprintf(stderr, "arcpool: free of %p failed: %s\n", ptr, arcpool_last_error());
-  }
+  free_or_keep({ptr, size, device, stream});
 }
 
 /// Tensor.record_stream: the free waits for `stream`'s work queued up to the free, not only up
@@ -202,6 +241,7 @@ ARCPOOL_TORCH_API void arcpool_torch_record_stream(void* ptr, cudaStream_t strea
 /// A failure is thrown, as PyTorch's backend raises one (C10_CUDA_CHECK): the synchronization
 /// fails, and invalidates the capture, while a stream of the device captures a graph.
 ARCPOOL_TORCH_API void arcpool_torch_empty_cache() {
+  retry_refused_frees();
   for (int d = 0; d < kMaxDevices; ++d) {
     if (!g_used[d].load(std::memory_order_relaxed)) continue;
     arcpool_allocator_t* a = nullptr;
@@ -272,12 +312,15 @@ ARCPOOL_TORCH_API void arcpool_torch_begin_allocate_to_pool(int device, torch_me
 /// PyTorch's endAllocateToPool (capture_end, after cudaStreamEndCapture): the capture recording
 /// to pool `id` stops allocating from it, and its streams are unbound.
 ARCPOOL_TORCH_API void arcpool_torch_end_allocate_to_pool(int device, torch_mempool_id id) {
-  std::lock_guard<std::mutex> lock(g_pools_mutex);
-  torch_pool* p = find_pool(device, id);
-  if (p == nullptr || !p->filter) return;
-  p->filter = nullptr;
-  g_open_captures.fetch_sub(1, std::memory_order_release);
-  unbind_ended(*p);
+  {
+    std::lock_guard<std::mutex> lock(g_pools_mutex);
+    torch_pool* p = find_pool(device, id);
+    if (p == nullptr || !p->filter) return;
+    p->filter = nullptr;
+    g_open_captures.fetch_sub(1, std::memory_order_release);
+    unbind_ended(*p);
+  }
+  retry_refused_frees();  // the capture ended: a free it held back may be made now
 }
 
 /// PyTorch's releasePool (a graph's reset or destruction, a MemPool's end): the last release of
