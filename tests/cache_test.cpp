@@ -322,6 +322,27 @@ TEST_P(StreamCache, ARoutedFreeIsCachedOnlyAfterItsWaits) {
   arcpool_allocation_release(b);
 }
 
+// A routed free counts its route whether the block goes back to the pool or into the target
+// stream's cache: a prefer-origin free kept by the origin's cache is origin-routed, and a
+// fallback (an unregistered origin) kept by the caller's cache is a fallback. The cached ones
+// were counted as neither.
+TEST_P(StreamCache, ARoutedFreeIntoACacheCountsItsRoute) {
+  arcpool_allocation_t* a = allocate(kBlock, s_);
+  EXPECT_OK(arcpool_deallocate_async(a, t_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  arcpool_allocation_release(a);
+  arcpool_stream_t app = make_app_stream();  // unregistered: arcpool may not enqueue on it
+  arcpool_allocation_t* b = allocate(kBlock, app);
+  sync(app);
+  EXPECT_OK(arcpool_deallocate_async(b, t_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
+  arcpool_allocation_release(b);
+  sync(s_);
+  sync(t_);
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(2u, st.cache_frees) << "both blocks were to be cached: the test proves nothing";
+  EXPECT_EQ(1u, st.origin_routed_frees);
+  EXPECT_EQ(1u, st.origin_fallbacks);
+}
+
 TEST_P(StreamCache, DeferredFreesNeverEnterACache) {
   arcpool_allocation_t* a = allocate(kBlock, s_);
   EXPECT_OK(arcpool_deallocate_async(a, t_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));

@@ -195,6 +195,7 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
       st.add(stat::bytes_cached, static_cast<int64_t>(a.placement.held_bytes));
       if (notes_cache_moves_)
         driver_->note_release(a.placement.base, a.placement.held_bytes, target);
+      if (freed != nullptr) *freed = true;
       return ARCPOOL_STATUS_SUCCESS;
     }
   }
