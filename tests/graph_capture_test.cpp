@@ -1025,6 +1025,10 @@ TEST_P(GraphPools, ABlockWhoseImplicitFreeFailsIsWrittenOffAndItsPoolStillGoes) 
   EXPECT_EQ(kBytes, stats().graph_pool_bytes_current)
       << "the pool kept its blocks: the written-off block held its reference";
   finish_reclaims();
+  sync(s);
+  EXPECT_OK(arcpool_allocator_trim(alloc_, 0));  // the pool's other blocks go back
+  EXPECT_EQ(kBytes, stats().bytes_held_current) << "the reserved block left bytes_held";
+  EXPECT_EQ(0u, stats().bytes_in_use_current) << "the written-off block stayed in use";
 }
 
 // A stream the bound capture forks to, which arcpool neither created nor registered (PyTorch's

@@ -472,17 +472,46 @@ TEST_F(TorchShim, AFreeWaitingOnACapturingStreamIsMadeOnceTheCaptureEnded) {
   arcpool_torch_record_stream(p, side);
   const uint64_t in_use = device0_stats().bytes_in_use_current;
   ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed));
-  testing::internal::CaptureStderr();
+  testing::internal::CaptureStderr();  // no ASSERT until it is read back
   arcpool_torch_free(p, kStepBytes, 0, main_stream);
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(side, &graph));
-  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(side, &graph));
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
   arcpool_torch_empty_cache();
   EXPECT_EQ("", testing::internal::GetCapturedStderr());
   EXPECT_EQ(in_use - kStepBytes, device0_stats().bytes_in_use_current) << "the free was lost";
   EXPECT_EQ("", take_simcuda_violations());
   cudaStreamDestroy(main_stream);
   cudaStreamDestroy(side);
+}
+
+TEST_F(TorchShim, AFreeHeldBackByATorchCaptureIsMadeWhenTheCaptureEnds) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  // The same through torch.cuda.graph: the stream recorded for the memory is the capture's, and
+  // the free is made at endAllocateToPool, after cudaStreamEndCapture.
+  const torch_mempool_id pool{0, 11};
+  cudaStream_t main_stream = nullptr, s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* p = arcpool_torch_malloc(kStepBytes, 0, main_stream);
+  ASSERT_NE(nullptr, p);
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(main_stream));
+  arcpool_torch_record_stream(p, s);
+  const uint64_t in_use = device0_stats().bytes_in_use_current;
+  begin_torch_capture(s, pool);
+  arcpool_torch_free(p, kStepBytes, 0, main_stream);  // refused while s captures: kept
+  EXPECT_EQ(in_use, device0_stats().bytes_in_use_current) << "freed while s captured";
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  arcpool_torch_end_allocate_to_pool(0, pool);
+  EXPECT_EQ(in_use - kStepBytes, device0_stats().bytes_in_use_current)
+      << "the held-back free was not made at the capture's end";
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_end(0, s));
+  ASSERT_EQ(cudaSuccess, cudaGraphDestroy(graph));
+  arcpool_torch_release_pool(0, pool);
+  EXPECT_EQ("", take_simcuda_violations());
+  cudaStreamDestroy(main_stream);
+  cudaStreamDestroy(s);
 }
 
 TEST_F(TorchShim, AnEndRefusedWhileTheCaptureGoesOnKeepsTheCaptureStream) {

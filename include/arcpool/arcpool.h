@@ -679,8 +679,9 @@ ARCPOOL_API arcpool_status_t arcpool_allocator_free_async(arcpool_allocator_t* a
                                                           void* pointer, arcpool_stream_t stream);
 
 /** Sets the allocator's hard limit on held bytes (0: none), e.g. a framework's memory
- * fraction. Allocations already made are kept; later ones fail with OUT_OF_MEMORY beyond it.
- * Never blocks. */
+ * fraction. Allocations already made are kept; later ones fail with OUT_OF_MEMORY beyond it
+ * (an allocation in its pool call while the limit is set is counted once the pool lent it, and
+ * other threads' batched changes when they flush: up to 1 MiB each). Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_allocator_set_hard_limit(arcpool_allocator_t* allocator,
                                                               size_t bytes);
 

@@ -166,7 +166,10 @@ def _register_capture_streams(torch, shim):
         try:
             begin(self, *args, **kwargs)
         except BaseException:
-            shim.arcpool_torch_capture_stream_end(device, stream)
+            # A capture PyTorch began before it failed goes on: the registration is withdrawn
+            # at its capture_end, as after a refused capture_end.
+            if shim.arcpool_torch_capture_stream_end(device, stream) == _UNSUPPORTED:
+                registered[id(self)] = (device, stream)
             raise
         registered[id(self)] = (device, stream)  # a pybind object may take no attributes
 

@@ -157,9 +157,11 @@ void allocator::forget(allocation& a, stream_handle stream, stats::local& st) {
 void allocator::write_off_leaked(allocation& a) noexcept {
   stats::local st = stats_.here();
   forget(a, a.current.handle, st);
-  if (a.external() || a.placement.size == 0) return;  // nothing of the pool's
+  // Nothing of the pool's; or graph memory, not in bytes_held, or a graph pool's block, which
+  // stays reserved in its pool's bytes (part of bytes_held) until the allocator goes.
+  if (a.external() || a.placement.size == 0 || a.made_in_capture()) return;
   if (history_.enabled()) history_.segment_free(a.placement.base, a.current.handle);
-  if (!a.graph()) st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
+  st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
 }
 
 arcpool_status_t allocator::commit_and_free(allocation& a, const stream_ref& caller, bool force,

@@ -15,7 +15,7 @@ class _StandIns:
     functions record their calls; `calls` interleaves both in order."""
 
     def __init__(self, stream=0x5000, begin_error=None, end_error=None, register_status=0,
-                 end_refusals=0):
+                 end_refusals=0, begin_error_capturing=False):
         self.calls = []
         calls = self.calls
         capture = {"on": False, "refusals": end_refusals}
@@ -23,6 +23,7 @@ class _StandIns:
         class CUDAGraph:
             def capture_begin(self, pool=None, capture_error_mode="global"):
                 calls.append(("capture_begin", pool, capture_error_mode))
+                capture["on"] = begin_error_capturing  # the failure came after the capture began
                 if begin_error is not None:
                     raise begin_error
                 capture["on"] = True
@@ -89,6 +90,16 @@ class CaptureStreamRegistration(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "same stream"):
             g.capture_end()  # the capture goes on: the withdrawal is refused
         self.assertEqual(("unregister", 0, 0x5000), fake.calls[-1])
+        g.capture_end()
+        self.assertEqual([("capture_end",), ("unregister", 0, 0x5000)], fake.calls[-2:])
+
+    def test_a_capture_that_failed_after_it_began_keeps_the_registration_until_its_end(self):
+        fake = _StandIns(begin_error=RuntimeError("failed after cudaStreamBeginCapture"),
+                         begin_error_capturing=True)
+        g = fake.graph()
+        with self.assertRaisesRegex(RuntimeError, "after cudaStreamBeginCapture"):
+            g.capture_begin()
+        self.assertEqual(("unregister", 0, 0x5000), fake.calls[-1])  # refused: capturing
         g.capture_end()
         self.assertEqual([("capture_end",), ("unregister", 0, 0x5000)], fake.calls[-2:])
 
