@@ -428,7 +428,8 @@ class allocator {
   /// its stream's row, the log (a free row on `stream`), NVTX and the history.
   void forget(allocation& a, stream_handle stream, stats::local& st);
   /// A leaked allocation whose implicit free failed before its commit (its last reference is
-  /// going): forgotten, its memory written off (left in the pool, no longer held).
+  /// going): forgotten, its memory written off (left in the pool, no longer held; a graph pool's
+  /// block stays reserved, and held, with its pool's bytes).
   void write_off_leaked(allocation& a) noexcept;
   arcpool_status_t allocate_from_pool(size_t bytes, size_t requested, const stream_ref& s,
                                       void** out);
