@@ -113,50 +113,38 @@ TEST_P(Ordering, RecordUseOnAnUnregisteredStreamFencesAtRecordTime) {
 }
 
 /// PyTorch's record_stream semantics: the caller guarantees the stream outlives the
-/// deallocation, so its work queued after the record and before the deallocation is covered.
+/// deallocation, so its work queued after the record and before the deallocation is covered. A
+/// plain record of the same stream later (another component's) takes back no promise: the use is
+/// still fenced at deallocation, not by a fence taken at the plain record, which would leave out
+/// the work queued on the stream after it.
 TEST_P(Ordering, AUseThatOutlivesTheDeallocationIsFencedAtDeallocation) {
-  arcpool_stream_t app = make_app_stream();  // unregistered, as PyTorch's streams are
-  arcpool_allocation_t* a = allocate(kBytes, origin_);
-  sync(origin_);  // a use on another stream must be ordered after the allocation
-  EXPECT_OK(
-      arcpool_record_use_with_flags(a, app, ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION));
-  EXPECT_EQ(0u, stats().fences_taken) << "the fence waits for the deallocation";
-  gate& user_busy = block(app);
-  fill_async(app, data(a), kBytes, 0x45);  // queued after the record, before the deallocation
-  EXPECT_OK(arcpool_deallocate_async(a, origin_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
-  auto after_free = mark(origin_);
-  settle(origin_);
-  EXPECT_FALSE(after_free->reached()) << "freed before the side stream's later work";
-  user_busy.open();
-  sync(origin_);
-  EXPECT_TRUE(after_free->reached());
-  EXPECT_EQ(1u, stats().frees);
-  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_record_use_with_flags(a, app, 1u << 7))
-      << "an unknown flag";
-  arcpool_allocation_release(a);
-}
-
-/// A plain record of the same stream later (another component's) takes back no promise: the
-/// use is still fenced at deallocation, not by a fence taken at the plain record, which would
-/// leave out the work queued on the stream after it.
-TEST_P(Ordering, APlainRecordKeepsAnOutlivingRecordsFenceAtDeallocation) {
-  arcpool_stream_t app = make_app_stream();
-  arcpool_allocation_t* a = allocate(kBytes, origin_);
-  sync(origin_);
-  EXPECT_OK(
-      arcpool_record_use_with_flags(a, app, ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION));
-  EXPECT_OK(arcpool_record_use(a, app));
-  EXPECT_EQ(2u, stats().use_records);
-  gate& user_busy = block(app);
-  fill_async(app, data(a), kBytes, 0x46);  // queued after both records
-  EXPECT_OK(arcpool_deallocate_async(a, origin_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
-  auto after_free = mark(origin_);
-  settle(origin_);
-  EXPECT_FALSE(after_free->reached()) << "freed before the side stream's later work";
-  user_busy.open();
-  sync(origin_);
-  EXPECT_TRUE(after_free->reached());
-  arcpool_allocation_release(a);
+  for (const bool plain_record_after : {false, true}) {
+    SCOPED_TRACE(plain_record_after ? "a plain record after it" : "alone");
+    arcpool_stream_t app = make_app_stream();  // unregistered, as PyTorch's streams are
+    arcpool_allocation_t* a = allocate(kBytes, origin_);
+    sync(origin_);  // a use on another stream must be ordered after the allocation
+    const arcpool_stats_t before = stats();
+    EXPECT_OK(arcpool_record_use_with_flags(a, app,
+                                            ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION));
+    if (plain_record_after) {
+      EXPECT_OK(arcpool_record_use(a, app));
+      EXPECT_EQ(before.use_records + 2, stats().use_records);
+    }
+    EXPECT_EQ(before.fences_taken, stats().fences_taken) << "the fence waits for the deallocation";
+    gate& user_busy = block(app);
+    fill_async(app, data(a), kBytes, 0x45);  // queued after the records, before the deallocation
+    EXPECT_OK(arcpool_deallocate_async(a, origin_, ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE));
+    auto after_free = mark(origin_);
+    settle(origin_);
+    EXPECT_FALSE(after_free->reached()) << "freed before the side stream's later work";
+    user_busy.open();
+    sync(origin_);
+    EXPECT_TRUE(after_free->reached());
+    EXPECT_EQ(before.frees + 1, stats().frees);
+    EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_record_use_with_flags(a, app, 1u << 7))
+        << "an unknown flag";
+    arcpool_allocation_release(a);
+  }
 }
 
 TEST_P(Ordering, DefaultRoutingWithUseRecordsDefersWithoutFalseDependency) {

@@ -262,71 +262,50 @@ TEST_P(RetiredStreams, ADeallocationOnItsUnregisteredCurrentStreamWaitsForTheWor
   arcpool_allocation_release(a);
 }
 
-/// A stream unregistered and registered again is a new stream to arcpool: an allocation whose
-/// current stream it was keeps the retired entry (its final fence), and a use recorded of the
-/// stream since is a use like any other's, waited for by an explicit free from another stream
-/// and by a dropped last claim (freed on the current stream: the retired entry). Before, the
-/// record matched the current stream's id and was dropped as covered by its order, and the free
-/// waited on the final fence alone.
-TEST_P(RetiredStreams, AUseRecordedOfItsCurrentStreamRegisteredAgainIsWaitedFor) {
-  for (const bool explicit_free : {true, false}) {
-    SCOPED_TRACE(explicit_free ? "an explicit free from another stream" : "a dropped last claim");
-    arcpool_stream_t app = registered();
-    arcpool_allocation_t* a = allocate(kBytes, origin_);
-    void* const mem = data(a);
-    EXPECT_OK(arcpool_transfer(a, app));
-    ASSERT_OK(arcpool_stream_unregister(alloc_, app));
-    ASSERT_OK(arcpool_stream_register(alloc_, app));
-    sync(app);  // the final fence completed: a free waiting on it alone is due at once
-    gate& busy = block(app);
-    fill_async(app, mem, kBytes, 0x36);
-    EXPECT_OK(arcpool_record_use(a, app));
-    const uint64_t frees = stats().frees;
-    if (explicit_free) {
-      EXPECT_OK(arcpool_deallocate_async(a, caller_, 0));
-      arcpool_allocation_release(a);
-    } else {
-      EXPECT_OK(arcpool_allocation_discard_and_release(a));
+/// A use recorded of an allocation's retired current stream is waited for, by an explicit free
+/// from another stream and by a dropped last claim (freed on the current stream: the retired
+/// entry), whether the stream was registered again or stays unregistered:
+/// - registered again, it is a new stream to arcpool: the allocation keeps the retired entry (its
+///   final fence), and the use is a use like any other's. Before, the record matched the current
+///   stream's id and was dropped as covered by its order, and the free waited on the final fence
+///   alone;
+/// - left unregistered, a use recorded since is work its final fence does not cover (an event
+///   covers what was queued before its record), and arcpool never enqueues on it again. The use
+///   is fenced when it is recorded, as any unregistered stream's (§6); it was dropped the same way.
+TEST_P(RetiredStreams, AUseRecordedOfItsRetiredCurrentStreamIsWaitedFor) {
+  for (const bool registered_again : {true, false}) {
+    for (const bool explicit_free : {true, false}) {
+      SCOPED_TRACE(registered_again ? "registered again" : "left unregistered");
+      SCOPED_TRACE(explicit_free ? "an explicit free from another stream" : "a dropped last claim");
+      arcpool_stream_t app = registered();
+      arcpool_allocation_t* a = allocate(kBytes, origin_);
+      void* const mem = data(a);
+      EXPECT_OK(arcpool_transfer(a, app));
+      ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+      if (registered_again) {
+        ASSERT_OK(arcpool_stream_register(alloc_, app));
+      }
+      sync(app);  // the final fence completed: a free waiting on it alone is due at once
+      gate& busy = block(app);
+      fill_async(app, mem, kBytes, 0x36);
+      EXPECT_OK(arcpool_record_use(a, app));
+      const uint64_t frees = stats().frees;
+      if (explicit_free) {
+        EXPECT_OK(arcpool_deallocate_async(a, caller_, 0));
+        arcpool_allocation_release(a);
+      } else {
+        EXPECT_OK(arcpool_allocation_discard_and_release(a));
+      }
+      run_unheld({origin_, current_, caller_});
+      expect_pending(1, kBytes, frees);  // waiting for the fill
+      busy.open();
+      sync(app);
+      finish_reclaims();
+      EXPECT_EQ(frees + 1, stats().frees);
+      if (registered_again) {
+        ASSERT_OK(arcpool_stream_unregister(alloc_, app));
+      }
     }
-    run_unheld({origin_, current_, caller_});
-    expect_pending(1, kBytes, frees);  // waiting for the fill
-    busy.open();
-    sync(app);
-    finish_reclaims();
-    EXPECT_EQ(frees + 1, stats().frees);
-    ASSERT_OK(arcpool_stream_unregister(alloc_, app));
-  }
-}
-
-// The same stream left unregistered: a use recorded of it after its unregistration is work its
-// final fence does not cover (an event covers what was queued before its record), and arcpool
-// never enqueues on it again. The use is fenced when it is recorded, as any unregistered
-// stream's (§6); it was taken for the current stream's own order and dropped.
-TEST_P(RetiredStreams, AUseRecordedOfItsUnregisteredCurrentStreamIsWaitedFor) {
-  for (const bool explicit_free : {true, false}) {
-    SCOPED_TRACE(explicit_free ? "an explicit free from another stream" : "a dropped last claim");
-    arcpool_stream_t app = registered();
-    arcpool_allocation_t* a = allocate(kBytes, origin_);
-    void* const mem = data(a);
-    EXPECT_OK(arcpool_transfer(a, app));
-    ASSERT_OK(arcpool_stream_unregister(alloc_, app));
-    sync(app);  // the final fence completed: a free waiting on it alone is due at once
-    gate& busy = block(app);
-    fill_async(app, mem, kBytes, 0x37);
-    EXPECT_OK(arcpool_record_use(a, app));
-    const uint64_t frees = stats().frees;
-    if (explicit_free) {
-      EXPECT_OK(arcpool_deallocate_async(a, caller_, 0));
-      arcpool_allocation_release(a);
-    } else {
-      EXPECT_OK(arcpool_allocation_discard_and_release(a));
-    }
-    run_unheld({origin_, current_, caller_});
-    expect_pending(1, kBytes, frees);  // waiting for the fill
-    busy.open();
-    sync(app);
-    finish_reclaims();
-    EXPECT_EQ(frees + 1, stats().frees);
   }
 }
 

@@ -457,32 +457,48 @@ TEST_F(TorchShim, ASideStreamTheCaptureForksToAllocatesFromTheGraphPool) {
   cudaStreamDestroy(s);
 }
 
+/// x = torch.empty(...) on a new stream, then x.record_stream(side) for another new stream: the
+/// set-up of a free that waits on `side`. The streams go with it.
+struct memory_recorded_for_a_side_stream {
+  cudaStream_t main_stream = nullptr;
+  cudaStream_t side = nullptr;
+  void* p = nullptr;
+  uint64_t in_use = 0;  ///< device 0's bytes in use once `p` was allocated and recorded
+
+  memory_recorded_for_a_side_stream() {
+    EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
+    EXPECT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    p = arcpool_torch_malloc(kStepBytes, 0, main_stream);
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(main_stream));
+    if (p != nullptr) arcpool_torch_record_stream(p, side);
+    in_use = device0_stats().bytes_in_use_current;
+  }
+  ~memory_recorded_for_a_side_stream() {
+    cudaStreamDestroy(main_stream);
+    cudaStreamDestroy(side);
+  }
+  memory_recorded_for_a_side_stream(const memory_recorded_for_a_side_stream&) = delete;
+  memory_recorded_for_a_side_stream& operator=(const memory_recorded_for_a_side_stream&) = delete;
+};
+
 TEST_F(TorchShim, AFreeWaitingOnACapturingStreamIsMadeOnceTheCaptureEnded) {
   CONFORMANCE_SIMCUDA_ONLY();
   // x.record_stream(side), then x dies while side captures a graph: arcpool cannot fence a
   // capturing stream and refuses the free (UNSUPPORTED), which PyTorch's free hook cannot take
   // (PyTorch's own allocator defers such a free until no capture is under way). The shim keeps
   // it and makes it again after the capture; it was reported on stderr and never made.
-  cudaStream_t main_stream = nullptr, side = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
-  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  void* p = arcpool_torch_malloc(kStepBytes, 0, main_stream);
-  ASSERT_NE(nullptr, p);
-  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(main_stream));
-  arcpool_torch_record_stream(p, side);
-  const uint64_t in_use = device0_stats().bytes_in_use_current;
-  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(side, cudaStreamCaptureModeRelaxed));
+  memory_recorded_for_a_side_stream x;
+  ASSERT_NE(nullptr, x.p);
+  ASSERT_EQ(cudaSuccess, cudaStreamBeginCapture(x.side, cudaStreamCaptureModeRelaxed));
   testing::internal::CaptureStderr();  // no ASSERT until it is read back
-  arcpool_torch_free(p, kStepBytes, 0, main_stream);
+  arcpool_torch_free(x.p, kStepBytes, 0, x.main_stream);
   cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(side, &graph));
+  EXPECT_EQ(cudaSuccess, cudaStreamEndCapture(x.side, &graph));
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
   arcpool_torch_empty_cache();
   EXPECT_EQ("", testing::internal::GetCapturedStderr());
-  EXPECT_EQ(in_use - kStepBytes, device0_stats().bytes_in_use_current) << "the free was lost";
+  EXPECT_EQ(x.in_use - kStepBytes, device0_stats().bytes_in_use_current) << "the free was lost";
   EXPECT_EQ("", take_simcuda_violations());
-  cudaStreamDestroy(main_stream);
-  cudaStreamDestroy(side);
 }
 
 TEST_F(TorchShim, AFreeHeldBackByATorchCaptureIsMadeWhenTheCaptureEnds) {
@@ -490,28 +506,20 @@ TEST_F(TorchShim, AFreeHeldBackByATorchCaptureIsMadeWhenTheCaptureEnds) {
   // The same through torch.cuda.graph: the stream recorded for the memory is the capture's, and
   // the free is made at endAllocateToPool, after cudaStreamEndCapture.
   const torch_mempool_id pool{0, 11};
-  cudaStream_t main_stream = nullptr, s = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
-  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  void* p = arcpool_torch_malloc(kStepBytes, 0, main_stream);
-  ASSERT_NE(nullptr, p);
-  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(main_stream));
-  arcpool_torch_record_stream(p, s);
-  const uint64_t in_use = device0_stats().bytes_in_use_current;
-  begin_torch_capture(s, pool);
-  arcpool_torch_free(p, kStepBytes, 0, main_stream);  // refused while s captures: kept
-  EXPECT_EQ(in_use, device0_stats().bytes_in_use_current) << "freed while s captured";
+  memory_recorded_for_a_side_stream x;
+  ASSERT_NE(nullptr, x.p);
+  begin_torch_capture(x.side, pool);
+  arcpool_torch_free(x.p, kStepBytes, 0, x.main_stream);  // refused while side captures: kept
+  EXPECT_EQ(x.in_use, device0_stats().bytes_in_use_current) << "freed while side captured";
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(s, &graph));
+  ASSERT_EQ(cudaSuccess, cudaStreamEndCapture(x.side, &graph));
   arcpool_torch_end_allocate_to_pool(0, pool);
-  EXPECT_EQ(in_use - kStepBytes, device0_stats().bytes_in_use_current)
+  EXPECT_EQ(x.in_use - kStepBytes, device0_stats().bytes_in_use_current)
       << "the held-back free was not made at the capture's end";
-  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_end(0, s));
+  EXPECT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_torch_capture_stream_end(0, x.side));
   ASSERT_EQ(cudaSuccess, cudaGraphDestroy(graph));
   arcpool_torch_release_pool(0, pool);
   EXPECT_EQ("", take_simcuda_violations());
-  cudaStreamDestroy(main_stream);
-  cudaStreamDestroy(s);
 }
 
 TEST_F(TorchShim, AnEndRefusedWhileTheCaptureGoesOnKeepsTheCaptureStream) {
