@@ -10,7 +10,8 @@
 namespace arcpool::detail {
 
 namespace {
-/// True while this thread completes reclaim items (an on_free callback may re-enter arcpool).
+/// True while this thread completes reclaim items or runs posted tasks (an on_free callback may
+/// re-enter arcpool): a drain it makes then waits for neither.
 thread_local bool t_completing = false;
 }  // namespace
 
@@ -149,12 +150,17 @@ void reclaimer::post(posted_task* task) noexcept {
 bool reclaimer::run_posted() {
   posted_task* task = inbox_.take();
   if (task == nullptr) return false;
+  const bool was_completing = std::exchange(t_completing, true);
   while (task != nullptr) {
     posted_task* next = task->next;
     task->run(task);  // may free the task, and enqueue
     inbox_.finished();
     task = next;
   }
+  t_completing = was_completing;
+  // Through the mutex: a drain that read the tasks unfinished is waiting by now (drain).
+  { std::lock_guard<std::mutex> passed_through(mutex_); }
+  idle_cv_.notify_all();
   return true;
 }
 
@@ -370,18 +376,29 @@ void reclaimer::run() {
 }
 
 arcpool_status_t reclaimer::drain(bool final) {
-  run_posted();
   reclaim_item* items = nullptr;
   size_t taken = 0;
-  {
+  for (;;) {
+    run_posted();
     std::unique_lock<std::mutex> lock(mutex_);
     // Frees being completed right now (by the worker, a poll or another drain) must land
-    // before we report; not when this thread is one of those completing (an on_free callback
-    // that allocated and ran out of memory).
-    if (!t_completing) idle_cv_.wait(lock, [&] { return completing_ == 0; });
+    // before we report, and so must those that posted tasks running now enqueue (a graph's
+    // deferred frees, a graph pool's blocks); not when this thread is one of those completing
+    // (an on_free callback that allocated and ran out of memory). A task posted since this
+    // thread looked is run here: no worker may be there to take it.
+    if (!t_completing) {
+      auto settled = [&] {
+        return completing_ == 0 && (inbox_.unfinished() == 0 || inbox_.has_tasks());
+      };
+      // A post wakes the worker alone, without the mutex: look again every kRecheck.
+      while (!idle_cv_.wait_for(lock, task_inbox::kRecheck, settled)) {
+      }
+      if (inbox_.has_tasks()) continue;
+    }
     items = std::exchange(queue_, nullptr);
     taken = std::exchange(queued_, 0);
     completing_ += taken;
+    break;
   }
   const bool was_completing = std::exchange(t_completing, true);
   arcpool_status_t first_error = ARCPOOL_STATUS_SUCCESS;
