@@ -177,6 +177,44 @@ TEST(Ipc, NullAndBadArgumentsAreRefused) {
   arcpool_allocator_destroy(a);
 }
 
+// Only a blocking AF_UNIX SOCK_STREAM socket is taken, before anything else is looked at. A
+// non-blocking one (a Python socket with a timeout) was taken: the watcher's first read failed
+// with EAGAIN, which it took for the importer's end, and every later send answered PEER_GONE;
+// the importer's receive failed with "Resource temporarily unavailable".
+TEST(Ipc, ASocketOtherThanABlockingUnixStreamIsRefused) {
+  arcpool_allocator_t* a = make_allocator(ARCPOOL_DRIVER_HOST, ARCPOOL_POOL_OWNED, 0);
+  ASSERT_NE(nullptr, a);
+  int stream_pair[2];
+  int datagram_pair[2];
+  int pipe_fds[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, stream_pair));
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_DGRAM, 0, datagram_pair));
+  ASSERT_EQ(0, pipe(pipe_fds));
+  const struct {
+    int fd;
+    const char* why;
+  } refused[] = {{stream_pair[0], "is non-blocking (O_NONBLOCK)"},
+                 {datagram_pair[0], "is not an AF_UNIX SOCK_STREAM socket"},
+                 {pipe_fds[0], "is not an AF_UNIX SOCK_STREAM socket"}};
+  for (const auto& r : refused) {
+    SCOPED_TRACE(r.why);
+    arcpool_ipc_exporter_t* e = nullptr;
+    arcpool_ipc_importer_t* i = nullptr;
+    EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_exporter_create(a, r.fd, &e));
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), r.why)) << arcpool_last_error();
+    EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_ipc_importer_create(a, r.fd, &i));
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), r.why)) << arcpool_last_error();
+    EXPECT_EQ(nullptr, e);
+    EXPECT_EQ(nullptr, i);
+    EXPECT_EQ(0, fcntl(r.fd, F_GETFD)) << "the caller's descriptor stays open";
+  }
+  for (int fd : {stream_pair[0], stream_pair[1], datagram_pair[0], datagram_pair[1], pipe_fds[0],
+                 pipe_fds[1]}) {
+    close(fd);
+  }
+  arcpool_allocator_destroy(a);
+}
+
 // A message without arcpool's magic number is refused, and a descriptor that came with it is
 // closed, once: receive leaves the caller nothing to close. (Before, it closed the descriptor
 // and handed its number back, which the importer closed again: in a process with other

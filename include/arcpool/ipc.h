@@ -21,8 +21,9 @@ typedef struct arcpool_ipc_exporter arcpool_ipc_exporter_t;
 typedef struct arcpool_ipc_importer arcpool_ipc_importer_t;
 
 /**
- * Starts sharing `allocator`'s pool over `socket_fd`, a connected AF_UNIX SOCK_STREAM socket
- * whose other end calls arcpool_ipc_importer_create. The pool must be owned and created with
+ * Starts sharing `allocator`'s pool over `socket_fd`, a connected AF_UNIX SOCK_STREAM socket in
+ * blocking mode (INVALID_ARGUMENT for any other descriptor, O_NONBLOCK set included; it must stay
+ * blocking) whose other end calls arcpool_ipc_importer_create. The pool must be owned and created with
  * ipc_handle_types including cudaMemHandleTypePosixFileDescriptor (INVALID_ARGUMENT
  * otherwise: a device's default pool cannot be exported). Sends the pool's file descriptor
  * (SCM_RIGHTS), reads the importer's greeting (blocking until it arrives) and starts a thread
@@ -62,7 +63,8 @@ arcpool_ipc_exporter_outstanding(const arcpool_ipc_exporter_t* exporter, size_t*
 ARCPOOL_API void arcpool_ipc_exporter_destroy(arcpool_ipc_exporter_t* exporter);
 
 /**
- * Joins the connection an exporter shares over `socket_fd`: sends a greeting naming this
+ * Joins the connection an exporter shares over `socket_fd` (an AF_UNIX SOCK_STREAM socket in
+ * blocking mode, as for arcpool_ipc_exporter_create): sends a greeting naming this
  * process, receives the pool's file descriptor (blocking until it arrives) and imports the
  * pool for `allocator`'s device: a pool resident on another GPU gets that device's read-write
  * access (cudaMemPoolSetAccess; UNSUPPORTED when the device cannot reach that GPU). An imported

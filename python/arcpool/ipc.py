@@ -233,8 +233,8 @@ class SharedAllocator(_Owned):
 
 class Exporter(_Owned):
     """Shares `allocator`'s pool with the process at the other end of `sock` (a connected AF_UNIX
-    SOCK_STREAM socket, or its descriptor) whose Importer joins it: blocks until its greeting
-    arrives. The allocations sent stay claimed until that process released them or exited.
+    SOCK_STREAM socket in blocking mode, that is without a timeout, or its descriptor) whose
+    Importer joins it: blocks until its greeting arrives. The allocations sent stay claimed until that process released them or exited.
     close() sends nothing more; claims still held go as the importer releases them or exits."""
 
     _what = "exporter"
@@ -265,7 +265,8 @@ class Exporter(_Owned):
 
 
 class Importer(_Owned):
-    """Joins the Exporter at the other end of `sock` (blocks until its pool arrives), importing
+    """Joins the Exporter at the other end of `sock` (a socket in blocking mode, as for
+    Exporter; blocks until its pool arrives), importing
     its pool for `allocator` (default: `device`'s default allocator). close() drops this handle:
     the connection and the imported pool go once every allocation received is freed."""
 

@@ -136,6 +136,26 @@ class ExporterGone(unittest.TestCase):
             self.assertEqual("ARCPOOL_STATUS_PEER_GONE", gone.exception.status)
 
 
+class Sockets(unittest.TestCase):
+    def test_a_socket_with_a_timeout_is_refused_as_non_blocking(self):
+        # Python makes a socket with a timeout non-blocking (O_NONBLOCK), which arcpool's IPC
+        # cannot wait on: refused up front, whatever the driver, the socket left the caller's.
+        a, b = socket.socketpair()
+        a.settimeout(30)
+        b.settimeout(30)
+        with ipc.SharedAllocator() as allocator:
+            for make in (lambda: ipc.Exporter(allocator, a),
+                         lambda: ipc.Importer(b, allocator=allocator)):
+                with self.assertRaises(ipc.ArcpoolError) as refused:
+                    make()
+                self.assertEqual("ARCPOOL_STATUS_INVALID_ARGUMENT", refused.exception.status)
+                self.assertIn("setblocking(True)", str(refused.exception))
+        a.sendall(b"x")
+        self.assertEqual(b"x", b.recv(1), "a refusal left the sockets open")
+        a.close()
+        b.close()
+
+
 @unittest.skipUnless(arcpool.DRIVER == "host", "the host driver is not the driver here")
 class HostDriver(unittest.TestCase):
     def test_the_host_driver_shares_no_memory_and_the_sockets_stay_the_callers(self):
