@@ -842,7 +842,11 @@ TEST_F(IpcExporter, AnAllocationNoFenceHereCoversIsNotSent) {
   let_importer_exit();  // the importer goes
 }
 
-TEST_F(IpcExporter, DestroyReturnsWhileTheImporterDoesNotReadAFullSocket) {
+/// A send blocked on the full socket when the exporter is destroyed: destroy returns at once,
+/// the send then fails and keeps no claim, and the exporter stays until the send returned (the
+/// send held no reference of its own: with the watcher ended first, it ran on a deleted
+/// exporter).
+TEST_F(IpcExporter, DestroyReturnsWhileASendIsBlockedOnAnImporterThatDoesNotRead) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   c = spawn_child("ImporterConnectsAndWaits");
   // A second descriptor of the exporter's end, to fill the socket with bytes the importer
@@ -863,6 +867,14 @@ TEST_F(IpcExporter, DestroyReturnsWhileTheImporterDoesNotReadAFullSocket) {
     filled += static_cast<size_t>(n);
   }
   ASSERT_EQ(EAGAIN, errno) << "the socket should be full after " << filled << " bytes";
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
+  arcpool_status_t sent = ARCPOOL_STATUS_SUCCESS;
+  std::thread sender([&sent, h, exporter = e] { sent = arcpool_ipc_send(exporter, h); });
+  EXPECT_TRUE(eventually([&] {
+    size_t n = 0;
+    return arcpool_ipc_exporter_outstanding(e, &n) == ARCPOOL_STATUS_SUCCESS && n == 1;
+  })) << "the send did not reach the socket";
   std::atomic<bool> destroyed{false};
   std::thread destroyer([&destroyed, exporter = std::exchange(e, nullptr)] {
     arcpool_ipc_exporter_destroy(exporter);
@@ -872,6 +884,11 @@ TEST_F(IpcExporter, DestroyReturnsWhileTheImporterDoesNotReadAFullSocket) {
       << "destroy blocked on a full socket (" << filled << " bytes)";
   ASSERT_EQ(1, write(c.pipe, "x", 1));  // the importer goes: a blocked send would fail now
   destroyer.join();
+  sender.join();
+  EXPECT_NE(ARCPOOL_STATUS_SUCCESS, sent) << "a send to an importer that read nothing succeeded";
+  EXPECT_EQ(1, arcpool_allocation_is_terminal(h)) << "the failed send kept its claim";
+  ASSERT_OK(arcpool_deallocate_async(h, s, 0));
+  arcpool_allocation_release(h);
   close(filler);
   const int status = reap_child();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "importer wait status " << status;

@@ -100,6 +100,13 @@ arcpool_status_t exporter::create(arcpool_allocator_t* allocator, int fd, export
 }
 
 arcpool_status_t exporter::send(arcpool_allocation_t* a) {
+  // The send's own reference: a destroy while it runs (blocked on a full socket, say) and the
+  // watcher's end leave the exporter to the send, which deletes it if it is the last.
+  refs_.fetch_add(1, std::memory_order_relaxed);
+  struct unref_at_exit {
+    exporter* self;
+    ~unref_at_exit() { self->unref(); }
+  } held{this};
   allocation& record = *a->record;
   if (&record.owner != from_handle(allocator_.get())) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,

@@ -71,7 +71,7 @@ class exporter {
   std::unordered_map<uint64_t, sent> sent_;
   uint64_t next_id_ = 1;
   bool destroyed_ = false;
-  std::atomic<int> refs_{2};  ///< the user's handle and the watching thread
+  std::atomic<int> refs_{2};  ///< the user's handle, the watching thread and each send running
 
   /// How often an importer without a pidfd is looked at, once it hung up holding imports.
   static constexpr std::chrono::milliseconds kExitPoll{10};
