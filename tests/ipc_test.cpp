@@ -383,6 +383,27 @@ TEST_F(IpcExporter, AKilledImporterIsNoticedAndTheExporterFrees) {
   kill_importer_and_expect_its_claims_gone();
 }
 
+// An allocation the importer still holds is not sent to it again: the importer would import it
+// a second time into the same mapping (cudaMemPoolImportPointer documents no second import;
+// simcuda refuses it), and the first import's free would unmap what the second still uses.
+TEST_F(IpcExporter, AnAllocationTheImporterStillHoldsIsNotSentAgain) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  ASSERT_NO_FATAL_FAILURE(start("ImporterHolds"));
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_OK(arcpool_allocate_async(a, kBytes, 0, s, 0, &h));
+  void* p = nullptr;
+  ASSERT_OK(arcpool_allocation_data(h, &p));
+  ASSERT_EQ(cudaSuccess, cudaMemsetAsync(p, 0x11, kBytes, static_cast<cudaStream_t>(s)));
+  ASSERT_OK(arcpool_ipc_send(e, h));
+  ASSERT_EQ('h', read_report(c.pipe)) << "the importer did not report its import";
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_ipc_send(e, h));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "was already sent to this importer"))
+      << arcpool_last_error();
+  EXPECT_EQ(1u, outstanding(e)) << "the refused send kept a claim";
+  ASSERT_OK(arcpool_allocation_discard_and_release(h));
+  kill_importer_and_expect_its_claims_gone();
+}
+
 /// Uses up every descriptor this process may open, until destroyed: the soft RLIMIT_NOFILE
 /// lowered to just above the highest open descriptor, and the free ones below it taken. The next
 /// open fails with EMFILE, pidfd_open included, as pidfd_open fails with ENOSYS before Linux 5.3.

@@ -48,6 +48,8 @@ ARCPOOL_API arcpool_status_t arcpool_ipc_exporter_create(arcpool_allocator_t* al
  * a graph (the event would be a node of the graph), and when the current stream was destroyed
  * or unregistered or is another thread's per-thread default stream (no fence taken here
  * covers its work: transfer the allocation first, as for arcpool_allocation_export).
+ * UNSUPPORTED too, with nothing sent, for an allocation already sent over this connection that
+ * the importer has not released (it cannot import one allocation twice).
  */
 ARCPOOL_API arcpool_status_t arcpool_ipc_send(arcpool_ipc_exporter_t* exporter,
                                               arcpool_allocation_t* allocation);

@@ -155,6 +155,13 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
     if (destroyed_) {
       status =
           fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "arcpool_ipc_send: the exporter was destroyed");
+    } else if (already_sent_locked(record)) {
+      // The importer would import it twice (cudaMemPoolImportPointer) into one mapping, whose
+      // first free unmaps what the second import still uses; CUDA documents no second import.
+      status = fail(ARCPOOL_STATUS_UNSUPPORTED,
+                    "arcpool_ipc_send: %s was already sent to this importer, which has not "
+                    "released it yet",
+                    record.describe().c_str());
     } else {
       try {
         sent_.emplace(next_id_, s);
@@ -176,6 +183,13 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
     return status;
   }
   return ARCPOOL_STATUS_SUCCESS;
+}
+
+bool exporter::already_sent_locked(const allocation& record) const {
+  for (const auto& entry : sent_) {
+    if (entry.second.allocation->record == &record) return true;
+  }
+  return false;
 }
 
 size_t exporter::outstanding() {

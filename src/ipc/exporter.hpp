@@ -14,6 +14,10 @@
 #include "ipc/channel.hpp"
 #include "ipc/event_pool.hpp"
 
+namespace arcpool::detail {
+class allocation;
+}  // namespace arcpool::detail
+
 namespace arcpool::detail::ipc {
 
 /// Shares one allocator's owned pool with one importing process, and holds a claim on each
@@ -39,6 +43,9 @@ class exporter {
 
   exporter(arcpool_allocator_t* allocator, int fd, arcpool_stream_t watch_stream,
            arcpool_stream_t send_stream);
+
+  /// Whether `record` was sent and not yet released (or refused). With mu_.
+  bool already_sent_locked(const allocation& record) const;
   ~exporter();
 
   /// The watching thread: releases as the importer reports them, then everything left once
