@@ -580,11 +580,12 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
   // was last recorded in a capturing stream."
   if (capture_obj* c = live_capture_of(*e)) return ret(refuse_captured_event(c));
   check_unsafe_unverified("cudaEventQuery");
+  // cudaEventQuery: "If this work has successfully been completed by the device, or if
+  // cudaEventRecord() has not been called on event, then cudaSuccess is returned. If this work
+  // has not yet been completed by the device then cudaErrorNotReady is returned" (unverified:
+  // whether not-ready also becomes the thread's last error; simcuda records it, so callers must
+  // clear it).
   if (!e->recorded || e->captured_in != 0) return cudaSuccess;
-  // cudaEventQuery: "Queries the status of all work currently captured by event. [...] If
-  // this work has not yet been completed, or if cudaEventRecord() has not been called on
-  // event, then cudaErrorNotReady is returned" (unverified: whether not-ready also becomes the
-  // thread's last error; simcuda records it, so callers must clear it).
   if (!done(e->point)) return ret(cudaErrorNotReady);
   r.host_clock.join(e->clock);
   ++r.host_clock_version;
