@@ -48,9 +48,21 @@ const context_functions& context_api() {
         reinterpret_cast<decltype(f.primary_release)>(lookup("cuDevicePrimaryCtxRelease"));
     f.stream_get_context =
         reinterpret_cast<decltype(f.stream_get_context)>(lookup("cuStreamGetCtx"));
+    f.get_error_name = reinterpret_cast<decltype(f.get_error_name)>(lookup("cuGetErrorName"));
     return f;
   }();
   return api;
+}
+
+const char* cu_error_name(CUresult r) {
+  const context_functions& api = context_api();
+  const char* name = nullptr;
+  // cuGetErrorName: an unrecognized code gives CUDA_ERROR_INVALID_VALUE and a null name.
+  if (api.get_error_name == nullptr || api.get_error_name(r, &name) != CUDA_SUCCESS ||
+      name == nullptr) {
+    return "an unnamed CUresult";
+  }
+  return name;
 }
 
 primary_context::primary_context(int device) {
@@ -63,14 +75,15 @@ primary_context::primary_context(int device) {
     return;
   }
   if (const CUresult r = api.device_get(&device_, device); r != CUDA_SUCCESS) {
-    status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDeviceGet(%d) failed: CUresult %d", device,
-                   static_cast<int>(r));
+    status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDeviceGet(%d) failed: CUresult %d (%s)", device,
+                   static_cast<int>(r), cu_error_name(r));
     return;
   }
   if (const CUresult r = api.primary_retain(&context_, device_); r != CUDA_SUCCESS) {
     context_ = nullptr;
-    status_ = fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDevicePrimaryCtxRetain(%d) failed: CUresult %d",
-                   device, static_cast<int>(r));
+    status_ =
+        fail(ARCPOOL_STATUS_CUDA_ERROR, "cuDevicePrimaryCtxRetain(%d) failed: CUresult %d (%s)",
+             device, static_cast<int>(r), cu_error_name(r));
   }
 }
 
@@ -84,11 +97,11 @@ arcpool_status_t context_call_failed(CUresult r, int device, bool switching) {
   const char* why = shutting_down ? ": the CUDA driver is shutting down" : "";
   if (switching) {
     return fail(ARCPOOL_STATUS_CUDA_ERROR,
-                "cannot switch to device %d: cuCtxSetCurrent failed: CUresult %d%s", device,
-                static_cast<int>(r), why);
+                "cannot switch to device %d: cuCtxSetCurrent failed: CUresult %d (%s)%s", device,
+                static_cast<int>(r), cu_error_name(r), why);
   }
-  return fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d%s",
-              static_cast<int>(r), why);
+  return fail(ARCPOOL_STATUS_CUDA_ERROR, "cuCtxGetCurrent failed: CUresult %d (%s)%s",
+              static_cast<int>(r), cu_error_name(r), why);
 }
 
 arcpool_status_t exiting(const char* what) {

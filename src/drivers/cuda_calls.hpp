@@ -43,6 +43,8 @@ struct context_functions {
   CUresult(CUDAAPI* primary_retain)(CUcontext*, CUdevice) = nullptr;
   CUresult(CUDAAPI* primary_release)(CUdevice) = nullptr;
   CUresult(CUDAAPI* stream_get_context)(CUstream, CUcontext*) = nullptr;
+  /// cuGetErrorName, for messages only: not required by complete().
+  CUresult(CUDAAPI* get_error_name)(CUresult, const char**) = nullptr;
 
   /// Whether the runtime gave every one of them.
   bool complete() const noexcept {
@@ -53,6 +55,12 @@ struct context_functions {
 
 /// The context functions, looked up once per process.
 const context_functions& context_api();
+
+/// `r`'s name ("CUDA_ERROR_ILLEGAL_ADDRESS"), for messages: "an unnamed CUresult" when the
+/// driver names none. A context call may also return "error codes from previous, asynchronous
+/// launches" (cuCtxSetCurrent, cuStreamGetCtx: CUDA Driver API reference), a sticky fault
+/// among them, which the message must name.
+const char* cu_error_name(CUresult r);
 
 /// One retain of a device's primary context (cuDevicePrimaryCtxRetain), held for an
 /// allocator's life and given back when it ends, unless the process is exiting. The retain makes

@@ -21,6 +21,7 @@ namespace {
 using cuda::check;
 using cuda::context_api;
 using cuda::cu;
+using cuda::cu_error_name;
 using cuda::device_guard;
 using cuda::discard;
 using cuda::exiting;
@@ -94,8 +95,8 @@ class cuda_driver final : public driver {
     // created". The primary context is the common answer, and names the device too.
     CUcontext context = nullptr;
     if (const CUresult r = context_api().stream_get_context(cu(s), &context); r != CUDA_SUCCESS) {
-      return fail(ARCPOOL_STATUS_CUDA_ERROR, "cuStreamGetCtx(%p) failed: CUresult %d",
-                  static_cast<void*>(s), static_cast<int>(r));
+      return fail(ARCPOOL_STATUS_CUDA_ERROR, "cuStreamGetCtx(%p) failed: CUresult %d (%s)",
+                  static_cast<void*>(s), static_cast<int>(r), cu_error_name(r));
     }
     *primary_context = context == primary_;
     if (*primary_context) {

@@ -116,19 +116,64 @@ CUresult CUDAAPI write_value32(CUstream s, CUdeviceptr address, cuuint32_t value
   return stream_memory_op(s, address, value, flags, false);
 }
 
+/// The CUresult of a sticky runtime error: the same fault under the driver API's name.
+CUresult sticky_result(cudaError_t sticky) {
+  return sticky == cudaErrorIllegalAddress ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_ERROR_UNKNOWN;
+}
+
 /// Counts a call of a driver entry point (cuCtxGetCurrent, cuCtxSetCurrent, ...) and returns its
-/// result before it acts. Their documented results have no sticky error (CUDA_SUCCESS,
-/// CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_NOT_INITIALIZED, and for cuCtxSetCurrent
-/// CUDA_ERROR_INVALID_CONTEXT): an unloaded driver (simcuda_unload_driver) answers
-/// CUDA_ERROR_DEINITIALIZED, and so does a fault injected as cudaErrorCudartUnloading; any other
-/// injected fault answers CUDA_ERROR_NOT_INITIALIZED. With the lock.
+/// result before it acts. Each of them "may also return error codes from previous, asynchronous
+/// launches" (cuda.h's \notefnerr on every one): a sticky fault is returned, as the runtime's
+/// calls return it. Their other documented failures: an unloaded driver (simcuda_unload_driver)
+/// answers CUDA_ERROR_DEINITIALIZED, and so does a fault injected as cudaErrorCudartUnloading;
+/// any other injected fault answers CUDA_ERROR_NOT_INITIALIZED. With the lock.
 CUresult context_call_result(const char* name) {
   runtime& r = rt();
   const cudaError_t sticky = std::exchange(r.sticky, cudaSuccess);
   const cudaError_t e = enter(name);
   r.sticky = sticky;
-  if (e == cudaSuccess) return CUDA_SUCCESS;
+  if (e == cudaSuccess) return sticky == cudaSuccess ? CUDA_SUCCESS : sticky_result(sticky);
   return e == cudaErrorCudartUnloading ? CUDA_ERROR_DEINITIALIZED : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+// cuGetErrorName: "Sets *pStr to the address of a NULL-terminated string representation of the
+// name of the enum error code error. If the error code is not recognized,
+// CUDA_ERROR_INVALID_VALUE will be returned and *pStr will be set to the NULL address." The
+// codes simcuda's driver entry points return.
+CUresult CUDAAPI get_error_name(CUresult error, const char** out) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+    case CUDA_SUCCESS:
+      *out = "CUDA_SUCCESS";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE:
+      *out = "CUDA_ERROR_INVALID_VALUE";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_NOT_INITIALIZED:
+      *out = "CUDA_ERROR_NOT_INITIALIZED";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_DEINITIALIZED:
+      *out = "CUDA_ERROR_DEINITIALIZED";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_CONTEXT:
+      *out = "CUDA_ERROR_INVALID_CONTEXT";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_DEVICE:
+      *out = "CUDA_ERROR_INVALID_DEVICE";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_HANDLE:
+      *out = "CUDA_ERROR_INVALID_HANDLE";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+      *out = "CUDA_ERROR_ILLEGAL_ADDRESS";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_UNKNOWN:
+      *out = "CUDA_ERROR_UNKNOWN";
+      return CUDA_SUCCESS;
+    default:
+      *out = nullptr;
+      return CUDA_ERROR_INVALID_VALUE;
+  }
 }
 
 // cuCtxGetCurrent: "Returns in *pctx the CUDA context bound to the calling CPU thread. If no
@@ -323,6 +368,7 @@ cudaError_t driver_entry_point(const char* symbol, void** fn, unsigned version,
   if (std::string(symbol) == "cuDeviceGet") *fn = reinterpret_cast<void*>(device_get);
   if (std::string(symbol) == "cuStreamGetCtx") *fn = reinterpret_cast<void*>(stream_get_ctx);
   if (std::string(symbol) == "cuCtxDestroy") *fn = reinterpret_cast<void*>(ctx_destroy);
+  if (std::string(symbol) == "cuGetErrorName") *fn = reinterpret_cast<void*>(get_error_name);
   if (std::string(symbol) == "cuCtxCreate") {
     // The signature depends on the version asked for: CUDA 13's (v4) from 13000 on.
     if (version >= 13000) {
