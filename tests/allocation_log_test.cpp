@@ -41,8 +41,8 @@ void expect_allocate_then_free(const std::vector<std::string>& lines, void* p, s
                                arcpool_stream_t stream) {
   ASSERT_EQ(3u, lines.size());
   EXPECT_EQ("Thread,Time,Action,Pointer,Size,Stream", lines[0]);
-  char pointer[32];
-  std::snprintf(pointer, sizeof pointer, "%p", p);
+  char pointer[32] = "0x0";  // a null pointer (a zero-byte allocation): see below
+  if (p != nullptr) std::snprintf(pointer, sizeof pointer, "%p", p);
   char stream_column[32];
   std::snprintf(stream_column, sizeof stream_column, "%lx",
                 static_cast<unsigned long>(reinterpret_cast<uintptr_t>(stream)));
@@ -52,6 +52,9 @@ void expect_allocate_then_free(const std::vector<std::string>& lines, void* p, s
     ASSERT_EQ(6u, row.size()) << lines[1 + i];
     EXPECT_EQ(actions[i], row[2]);
     EXPECT_EQ(pointer, row[3]);
+    // RMM's replay parser (benchmarks/utilities/log_parser.hpp) reads the pointer with
+    // std::stoll(s, nullptr, 16), which throws on anything else.
+    EXPECT_NO_THROW(std::stoll(row[3], nullptr, 16)) << row[3];
     EXPECT_EQ(std::to_string(bytes), row[4]);
     EXPECT_EQ(stream_column, row[5]);
   }
@@ -87,6 +90,22 @@ TEST_P(AllocationLog, EveryAllocationAndFreeIsOneRowInRmmsColumns) {
   arcpool_allocation_release(unlogged);
 
   expect_allocate_then_free(lines_of(file), p, 12345, s);
+}
+
+// A zero-byte allocation's null pointer is written as 0x0, which RMM's parser reads (as RMM's
+// fmt-era writer wrote nullptr). It was "(nil)", glibc's %p of a null pointer, on which RMM's
+// parser throws.
+TEST_P(AllocationLog, AZeroByteAllocationsNullPointerIsWrittenSoRmmsParserReadsIt) {
+  scratch_dir dir;
+  const fs::path file = dir.path() / "trace.csv";
+  ASSERT_OK(arcpool_allocator_log_open(alloc_, file.c_str()));
+  arcpool_stream_t s = make_stream();
+  arcpool_allocation_t* a = allocate(0, s);
+  ASSERT_EQ(nullptr, data(a));
+  EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  ASSERT_OK(arcpool_allocator_log_close(alloc_));
+  expect_allocate_then_free(lines_of(file), nullptr, 0, s);
 }
 
 // An export hands the memory to the caller: it leaves arcpool as at a free, so the log has its

@@ -26,6 +26,12 @@ def _seconds(text):
         return 0.0
 
 
+def _handle(text):
+    """A Pointer or Stream column as a number: hexadecimal, with or without 0x; a null pointer
+    as glibc's %p writes it ("(nil)", as RMM's printf-style writer does) or empty is 0."""
+    return 0 if text in ("", "(nil)") else int(text, 16)
+
+
 def series_from_log(path):
     """The bytes in use per stream after every allocate and free row of the log at `path`.
 
@@ -46,7 +52,7 @@ def series_from_log(path):
                 at += 24 * 3600
             last = at
             first = at if first is None else first
-            pointer, stream = int(row[3], 16), row[5]
+            pointer, stream = _handle(row[3]), row[5]
             if row[2] == "allocate":
                 if pointer in live:
                     continue
@@ -57,7 +63,7 @@ def series_from_log(path):
                     continue
                 size, stream = live.pop(pointer)
                 size = -size
-            key = hex(int(stream, 16) if stream not in ("", "(nil)") else 0)
+            key = hex(_handle(stream))
             if key not in streams:
                 streams[key] = [0] * len(time)
             for other in streams.values():

@@ -52,11 +52,13 @@ void allocation_log::write(const char* action, const void* pointer, size_t size,
   std::lock_guard<std::mutex> lock(mutex_);
   FILE* f = file_.load(std::memory_order_relaxed);
   if (f == nullptr) return;
-  // RMM writes the stream as a hexadecimal handle, and (nil) for a null pointer.
+  // The stream as a hexadecimal handle, as RMM writes it. A null pointer (a zero-byte
+  // allocation, a failure) as 0x0, as RMM's fmt-era writer wrote nullptr: RMM's replay parser
+  // reads the pointer with std::stoll(s, nullptr, 16), which throws on glibc's "(nil)".
   std::fprintf(f, "%ld,%02d:%02d:%02d.%06ld,%s,", thread, local.tm_hour, local.tm_min, local.tm_sec,
                micros, action);
   if (pointer == nullptr) {
-    std::fputs("(nil)", f);
+    std::fputs("0x0", f);
   } else {
     std::fprintf(f, "%p", pointer);
   }

@@ -104,5 +104,27 @@ class Plot(unittest.TestCase):
         self.assertFalse((self.dir / "x.png").exists() or (self.dir / "y.png").exists())
 
 
+class LogSeries(unittest.TestCase):
+    """The log's series alone: no matplotlib needed."""
+
+    def test_a_null_pointer_in_either_spelling_is_a_zero_byte_allocation(self):
+        # A zero-byte allocation's null pointer: arcpool writes 0x0 (RMM's parser reads it),
+        # RMM's printf-style writer "(nil)". The plot refused "(nil)" ("invalid literal for int()
+        # with base 16").
+        from arcpool import plot
+        with tempfile.TemporaryDirectory() as tmp:
+            log = pathlib.Path(tmp) / "log.csv"
+            log.write_text("Thread,Time,Action,Pointer,Size,Stream\n"
+                           "1,12:00:00.000001,allocate,(nil),0,0\n"
+                           "1,12:00:00.000002,allocate,0x7f0000000000,4096,5\n"
+                           "1,12:00:00.000003,free,(nil),0,0\n"
+                           "1,12:00:00.000004,allocate,0x0,0,0\n"
+                           "1,12:00:00.000005,free,0x0,0,0\n"
+                           "1,12:00:00.000006,free,0x7f0000000000,4096,5\n")
+            series = plot.series_from_log(str(log))
+        self.assertEqual([0, 4096, 4096, 4096, 4096, 0], series["total"]["in_use"])
+        self.assertEqual({"0x0", "0x5"}, set(series["streams"]))
+
+
 if __name__ == "__main__":
     unittest.main()
