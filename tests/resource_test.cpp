@@ -2,6 +2,8 @@
 // and as a Thrust-style allocator, on both drivers.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <string>
 #include <type_traits>
 
 #include "arcpool/resource.hpp"
@@ -62,6 +64,31 @@ TEST_P(Resource, TheStreamFirstFormsOfNewerCcclAllocateAndFreeInStreamOrder) {
   EXPECT_EQ(2u, st.allocations);
   EXPECT_EQ(2u, st.deallocations);
   EXPECT_EQ(0u, st.bytes_in_use_current);
+}
+
+// The deallocations are noexcept: a free arcpool refuses is written to stderr, as the PyTorch
+// and RMM drop-ins write theirs. It was dropped without a word (a double free here; a free
+// refused during a capture leaked the memory unseen).
+TEST_P(Resource, AFreeArcpoolRefusesIsReportedOnStderr) {
+  arcpool_stream_t s = make_stream();
+  memory_resource mr(alloc_);
+  thrust_allocator thrust(alloc_, s);
+  const ::cuda::stream_ref stream(reinterpret_cast<cudaStream_t>(s));
+  void* p = mr.allocate_async(1000, 256, stream);
+  char* q = thrust.allocate(1000);
+  mr.deallocate_async(p, 1000, 256, stream);
+  thrust.deallocate(q, 1000);
+  testing::internal::CaptureStderr();  // no ASSERT until it is read back
+  mr.deallocate_async(p, 1000, 256, stream);
+  thrust.deallocate(q, 1000);
+  const std::string reported = testing::internal::GetCapturedStderr();
+  for (const void* freed : {static_cast<const void*>(p), static_cast<const void*>(q)}) {
+    char free_of[64];
+    std::snprintf(free_of, sizeof free_of, "arcpool: free of %p failed: ", freed);
+    EXPECT_NE(std::string::npos, reported.find(free_of)) << reported;
+  }
+  EXPECT_NE(std::string::npos, reported.find("ARCPOOL_STATUS_UNKNOWN_POINTER")) << reported;
+  sync(s);
 }
 
 TEST_P(Resource, OutOfMemoryIsABadAlloc) {

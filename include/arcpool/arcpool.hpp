@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -59,6 +60,15 @@ namespace detail {
 /// Throws unless `status` is success.
 inline void check(arcpool_status_t status) {
   if (status != ARCPOOL_STATUS_SUCCESS) throw_status(status);
+}
+/// A free of `p` whose failure a noexcept deallocation cannot throw (a CCCL resource's, a Thrust
+/// allocator's): written to stderr with arcpool's reason, as arcpool's PyTorch and RMM drop-ins
+/// write theirs, so that a refused free (UNSUPPORTED during a capture, UNKNOWN_POINTER twice)
+/// is not lost without a word.
+inline void report_failed_free(arcpool_status_t status, const void* p) noexcept {
+  if (status != ARCPOOL_STATUS_SUCCESS) {
+    std::fprintf(stderr, "arcpool: free of %p failed: %s\n", p, arcpool_last_error());
+  }
 }
 }  // namespace detail
 

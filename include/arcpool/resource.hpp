@@ -49,9 +49,10 @@ class memory_resource {
     return p;
   }
 
-  /// Stream-ordered free after the work queued on `stream`. Never throws; never blocks.
+  /// Stream-ordered free after the work queued on `stream`. Never throws; never blocks. A free
+  /// arcpool refuses is written to stderr (nothing is freed).
   void deallocate_async(void* p, size_t, size_t, ::cuda::stream_ref stream) noexcept {
-    arcpool_allocator_free_async(allocator_, p, to_stream(stream));
+    detail::report_failed_free(arcpool_allocator_free_async(allocator_, p, to_stream(stream)), p);
   }
 
   /// Synchronous form: allocates on the legacy default stream and waits for it. Blocks.
@@ -65,7 +66,9 @@ class memory_resource {
     return p;
   }
 
-  /// Synchronous form: frees on the legacy default stream after its work. Blocks until it ran.
+  /// Synchronous form: frees on the legacy default stream after its work, and waits for that
+  /// stream. Memory used on another stream is freed once that stream's work completed too
+  /// (arcpool's routing), which this does not wait for.
   void deallocate(void* p, size_t bytes, size_t alignment) noexcept {
     deallocate_async(p, bytes, alignment, ::cuda::stream_ref{cudaStream_t{}});
     arcpool_stream_synchronize(allocator_, nullptr);
@@ -136,9 +139,10 @@ class thrust_allocator {
     return static_cast<char*>(p);
   }
 
-  /// Stream-ordered on the allocator's stream. Never throws.
+  /// Stream-ordered on the allocator's stream. Never throws: a free arcpool refuses is written
+  /// to stderr.
   void deallocate(char* p, size_t) noexcept {
-    arcpool_allocator_free_async(allocator_, p, stream_);
+    detail::report_failed_free(arcpool_allocator_free_async(allocator_, p, stream_), p);
   }
 
   arcpool_stream_t stream() const noexcept { return stream_; }
