@@ -18,6 +18,7 @@
 // footprints reach 24 GB), under a simulated capacity (default 64 GiB). On a terminal a progress
 // line (events replayed, rate, time left) is drawn on standard error. Uses one internal on
 // purpose: the allocator's driver (detail::from_handle), to replay the same trace on the raw pool.
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -72,8 +73,17 @@ bool load(const char* path, trace* t) {
   }
   t->name = path;
   if (const char* slash = std::strrchr(path, '/')) t->name = slash + 1;
+  // RMM's header (logging_resource_adaptor), which arcpool's allocation log writes too. A folder
+  // opens as a stream with nothing to read.
+  constexpr const char* kHeader = "Thread,Time,Action,Pointer,Size,Stream";
   std::string line;
-  std::getline(in, line);  // header
+  if (!std::getline(in, line) || line.compare(0, std::strlen(kHeader), kHeader) != 0) {
+    std::fprintf(stderr,
+                 "arcpool-replay: %s is not an allocation log of RMM's columns: its first line "
+                 "is not %s\n",
+                 path, kHeader);
+    return false;
+  }
   std::unordered_map<uint64_t, size_t> live;
   std::unordered_map<uint64_t, bool> streams;
   uint64_t live_bytes = 0;
@@ -85,9 +95,22 @@ bool load(const char* path, trace* t) {
     std::stringstream row(line);
     for (std::string cell; std::getline(row, cell, ',');)
       f.push_back(cell);
-    if (f.size() < 6) continue;
+    if (line.empty()) continue;
+    if (f.size() < 6) {
+      std::fprintf(stderr, "arcpool-replay: %s:%zu: %zu fields, not RMM's 6: %s\n", path, number,
+                   f.size(), line.c_str());
+      return false;
+    }
     const std::string& action = f[2];
-    if (action != "allocate" && action != "free") continue;  // "allocate failure" rows
+    if (action == "allocate failure") continue;  // nothing was allocated
+    if (action != "allocate" && action != "free") {
+      // As RMM's parser (benchmarks/utilities/log_parser.hpp: "Invalid action string.").
+      std::fprintf(stderr,
+                   "arcpool-replay: %s:%zu: action \"%s\" is none of allocate, allocate "
+                   "failure, free\n",
+                   path, number, action.c_str());
+      return false;
+    }
     double at = parse_time(f[1]) + day;
     if (at + 12 * 3600.0 < last) {  // past midnight
       day += 24 * 3600.0;
@@ -208,8 +231,10 @@ result replay_arcpool(const trace& t, arcpool_driver_kind_t driver, size_t capac
   std::unordered_map<uint64_t, size_t> stream_index;
   std::vector<uint64_t> stream_bytes;
   if (out != nullptr) {
+    // The streams that allocate: bytes count on the stream that allocated them (a stream that
+    // only frees holds none, and the log's plot has no such stream either).
     for (const event& e : t.events) {
-      if (stream_index.emplace(e.stream, out->streams.size()).second)
+      if (e.allocate && stream_index.emplace(e.stream, out->streams.size()).second)
         out->streams.push_back(e.stream);
     }
     out->stream_in_use.resize(out->streams.size());
@@ -411,12 +436,28 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--driver" && i + 1 < argc) {
       const std::string d = argv[++i];
-      driver = d == "cuda"   ? ARCPOOL_DRIVER_CUDA
-               : d == "host" ? ARCPOOL_DRIVER_HOST
-               : d == "null" ? ARCPOOL_DRIVER_NULL
-                             : ARCPOOL_DRIVER_AUTO;
+      if (d == "cuda") {
+        driver = ARCPOOL_DRIVER_CUDA;
+      } else if (d == "host") {
+        driver = ARCPOOL_DRIVER_HOST;
+      } else if (d == "null") {
+        driver = ARCPOOL_DRIVER_NULL;
+      } else if (d == "auto") {
+        driver = ARCPOOL_DRIVER_AUTO;
+      } else {
+        std::fprintf(stderr, "arcpool-replay: --driver %s is none of auto, cuda, host, null\n",
+                     d.c_str());
+        return 2;
+      }
     } else if (a == "--capacity" && i + 1 < argc) {
-      capacity = std::strtoull(argv[++i], nullptr, 10);
+      const char* text = argv[++i];
+      char* end = nullptr;
+      errno = 0;
+      capacity = std::strtoull(text, &end, 10);
+      if (end == text || *end != '\0' || errno != 0 || text[0] == '-') {
+        std::fprintf(stderr, "arcpool-replay: --capacity %s is not a number of bytes\n", text);
+        return 2;
+      }
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else if (a == "--series" && i + 1 < argc) {
@@ -453,6 +494,10 @@ int main(int argc, char** argv) {
   }
   std::printf("arcpool-replay: %s driver\n", arcpool_driver_name(driver));
   FILE* out = json != nullptr ? std::fopen(json, "w") : nullptr;
+  if (json != nullptr && out == nullptr) {
+    std::fprintf(stderr, "arcpool-replay: cannot write %s: %s\n", json, std::strerror(errno));
+    return 1;
+  }
   if (devices) {
     if (out != nullptr) std::fprintf(out, "{\"driver\": \"%s\", ", arcpool_driver_name(driver));
     const int status = replay_devices(paths, driver, capacity, out);

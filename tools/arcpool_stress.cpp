@@ -15,6 +15,7 @@
 // On a terminal a progress line (operations, rate, time left) is drawn on standard error.
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -470,6 +471,11 @@ bool parse(int argc, char** argv, config* c) {
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--driver") {
       const std::string d = value();
+      if (d != "cuda" && d != "host" && d != "auto") {
+        std::fprintf(stderr, "arcpool-stress: --driver %s is none of auto, cuda, host\n",
+                     d.c_str());
+        return false;
+      }
       c->driver = d == "cuda"   ? ARCPOOL_DRIVER_CUDA
                   : d == "host" ? ARCPOOL_DRIVER_HOST
                                 : ARCPOOL_DRIVER_AUTO;
@@ -693,8 +699,13 @@ int main(int argc, char** argv) {
     std::printf("leak: %" PRIu64 " bytes in use, %" PRIu64 " held after the run\n",
                 after.bytes_in_use_current, after.bytes_held_current);
   }
+  bool unwritten = false;
   if (cfg.json != nullptr) {
-    if (FILE* f = std::fopen(cfg.json, "w")) {
+    FILE* f = std::fopen(cfg.json, "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "arcpool-stress: cannot write %s: %s\n", cfg.json, std::strerror(errno));
+      unwritten = true;
+    } else {
       std::fprintf(f,
                    "{\"driver\": \"%s\", \"streams\": %d, \"threads\": %d, \"seconds\": %.3f, "
                    "\"operations\": %" PRIu64
@@ -714,7 +725,7 @@ int main(int argc, char** argv) {
   if (alloc != probe) arcpool_allocator_destroy(alloc);
   work.reset();
   arcpool_allocator_destroy(probe);
-  const bool failed = mismatches != 0 || s.errors.load() != 0 || leaked;
+  const bool failed = mismatches != 0 || s.errors.load() != 0 || leaked || unwritten;
   std::printf("\narcpool-stress: %s\n", failed ? "FAILED" : "ok");
   return failed ? 1 : 0;
 }

@@ -125,6 +125,26 @@ class LogSeries(unittest.TestCase):
         self.assertEqual([0, 4096, 4096, 4096, 4096, 0], series["total"]["in_use"])
         self.assertEqual({"0x0", "0x5"}, set(series["streams"]))
 
+    def test_a_replay_series_has_the_logs_streams_when_a_stream_only_frees(self):
+        # inference_server.csv frees on stream 0x3000, which allocates nothing: bytes count on
+        # the stream that allocated them, so neither the log's series nor the replay's has it
+        # (the replay's had it, all zeros).
+        replay = os.environ.get("ARCPOOL_REPLAY")
+        if not (replay and os.path.exists(replay)):
+            self.skipTest("ARCPOOL_REPLAY does not name arcpool-replay")
+        from arcpool import plot
+        trace = str(ROOT / "bench" / "traces" / "inference_server.csv")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = pathlib.Path(tmp) / "series.json"
+            done = subprocess.run([replay, "--driver", "host", "--series", str(out), trace],
+                                  capture_output=True, text=True)
+            self.assertEqual(0, done.returncode, done.stdout + done.stderr)
+            with open(out) as f:
+                from_replay = json.load(f)
+        from_log = plot.series_from_log(trace)
+        self.assertNotIn("0x3000", from_log["streams"])
+        self.assertEqual(set(from_log["streams"]), set(from_replay["streams"]))
+
 
 if __name__ == "__main__":
     unittest.main()
