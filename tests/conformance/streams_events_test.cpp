@@ -140,6 +140,39 @@ TEST_F(Streams, HostFunctionsRunInOrderAndBlockLaterWork) {
   cudaStreamDestroy(s);
 }
 
+// cudaLaunchHostFunc: "Host functions without a mandated order (such as in independent streams)
+// execute in undefined order and may be serialized." simcuda serializes them, so that code whose
+// host function waits for another stream's (a deadlock on a GPU that serializes) cannot pass
+// here; it ran each stream's on its own thread, in parallel.
+TEST_F(Streams, HostFunctionsOfIndependentStreamsNeverOverlapOnSimcuda) {
+  CONFORMANCE_SIMCUDA_ONLY();
+  struct overlap {
+    std::atomic<int> running{0};
+    std::atomic<int> most{0};
+  } o;
+  auto host_function = [](void* p) {
+    auto* ov = static_cast<overlap*>(p);
+    const int now = ++ov->running;
+    int most = ov->most.load();
+    while (now > most && !ov->most.compare_exchange_weak(most, now)) {
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    --ov->running;
+  };
+  std::vector<cudaStream_t> streams;
+  for (int i = 0; i < 4; ++i)
+    streams.push_back(make_stream(cudaStreamNonBlocking));
+  for (int round = 0; round < 5; ++round) {
+    for (cudaStream_t s : streams)
+      ASSERT_EQ(cudaSuccess, cudaLaunchHostFunc(s, host_function, &o));
+  }
+  for (cudaStream_t s : streams)
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  EXPECT_EQ(1, o.most.load()) << "host functions of two streams ran at once";
+  for (cudaStream_t s : streams)
+    cudaStreamDestroy(s);
+}
+
 TEST_F(Events, AQueryIsNotReadyUntilTheRecordedWorkCompleted) {
   words w;
   cudaStream_t s = make_stream(cudaStreamNonBlocking);

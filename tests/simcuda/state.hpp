@@ -307,6 +307,11 @@ struct config {
 struct runtime {
   std::mutex mu;
   std::condition_variable cv;  ///< notified on every completion and state change
+  /// Held while a host function runs: cudaLaunchHostFunc, "Host functions without a mandated
+  /// order (such as in independent streams) execute in undefined order and may be serialized".
+  /// simcuda serializes them all, the order CUDA may choose that deadlocks a host function
+  /// waiting for another stream's.
+  std::mutex host_functions;
   config cfg;
   std::vector<std::unique_ptr<device_obj>> devices;
   std::unordered_map<uintptr_t, std::unique_ptr<stream_obj>> streams;

@@ -31,10 +31,13 @@ void worker(stream_obj* s) {
     const auto delay = pick_delay(*s);
     lock.unlock();
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
-    if (o->run) {
-      ts().in_host_function = o->host_function;
+    if (o->run && o->host_function) {
+      std::lock_guard<std::mutex> one_at_a_time(r.host_functions);
+      ts().in_host_function = true;
       o->run();
       ts().in_host_function = false;
+    } else if (o->run) {
+      o->run();
     }
     lock.lock();
     if (o->complete) o->complete();
