@@ -131,6 +131,45 @@ TEST_P(MemoryHistory, EveryBlockIsASegmentWhoseStateFollowsItsAllocation) {
   sync(s);
 }
 
+// An alignment above the pool's is served from a padded block aligned up: the trace names the
+// pointer the caller got (as PyTorch's alloc entry names the pointer handed out), and the
+// segment's blocks are the padding, free, then the allocation at that pointer. Both named the
+// block's start before.
+TEST_P(MemoryHistory, AnOverAlignedAllocationIsNamedByItsDataPointer) {
+  arcpool_stream_t s = make_stream();
+  constexpr size_t kAlignment = size_t{1} << 21;
+  arcpool_allocation_t* a = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc_, kSmall, kAlignment, s, 0, &a));
+  void* const p = data(a);
+  ASSERT_EQ(0u, address(p) % kAlignment);
+  pickled snap = snapshot();
+  ASSERT_EQ(1u, snap["segments"].items.size());
+  const pickled& seg = snap["segments"].items.at(0);
+  const uint64_t base = seg["address"].number;
+  const std::vector<pickled>& blocks = seg["blocks"].items;
+  if (base == address(p)) {
+    ASSERT_EQ(1u, blocks.size()) << "the pool's block happened to be aligned: no padding";
+  } else {
+    ASSERT_EQ(2u, blocks.size());
+    EXPECT_EQ(base, blocks[0]["address"].number);
+    EXPECT_EQ(address(p) - base, blocks[0]["size"].number);
+    EXPECT_EQ("inactive", blocks[0]["state"].text);
+  }
+  EXPECT_EQ(address(p), blocks.back()["address"].number);
+  EXPECT_EQ("active_allocated", blocks.back()["state"].text);
+  EXPECT_EQ(kSmall, blocks.back()["requested_size"].number);
+  expect_totals_are_the_stats(snap);
+  free_on(a, s);
+  sync(s);
+  finish_reclaims();
+  const std::vector<std::pair<std::string, uint64_t>> expected = {{"segment_alloc", base},
+                                                                  {"alloc", address(p)},
+                                                                  {"free_requested", address(p)},
+                                                                  {"free_completed", address(p)},
+                                                                  {"segment_free", base}};
+  EXPECT_EQ(expected, actions(snapshot()));
+}
+
 TEST_P(MemoryHistory, ADeferredFreeIsPendingUntilItsFencesCompleteThenLeaves) {
   arcpool_stream_t origin = make_stream();
   arcpool_stream_t busy = make_stream();

@@ -140,7 +140,7 @@ inline void allocator::count_allocation(const stream_ref& origin, void* base, vo
   st.add(stat::bytes_in_use, static_cast<int64_t>(size));
   if (!row_counted) stream_stats_of(origin).allocated(size, cache_hit);
   if (log_.enabled()) log_.write("allocate", data, size, origin.handle);
-  if (history_.enabled()) history_.alloc(base, size, origin.handle);
+  if (history_.enabled()) history_.alloc(base, data, size, origin.handle);
   nvtx::name_region(data, size, serial);
 }
 

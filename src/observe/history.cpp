@@ -48,14 +48,16 @@ void history::segment_alloc(const void* base, size_t bytes, stream_handle s) noe
   record(action::segment_alloc, key(base), bytes, key(s));
 }
 
-void history::alloc(const void* base, size_t requested, stream_handle s) noexcept {
+void history::alloc(const void* base, const void* data, size_t requested,
+                    stream_handle s) noexcept {
   if (!enabled() || base == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = blocks_.find(key(base));
   if (it == blocks_.end()) return;
   it->second.requested = requested;
   it->second.st = state::active_allocated;
-  record(action::alloc, key(base), requested, key(s));
+  it->second.offset = key(data) - key(base);
+  record(action::alloc, key(data), requested, key(s));
 }
 
 void history::free_requested(const void* base, stream_handle s) noexcept {
@@ -64,7 +66,7 @@ void history::free_requested(const void* base, stream_handle s) noexcept {
   const auto it = blocks_.find(key(base));
   if (it == blocks_.end() || it->second.st != state::active_allocated) return;
   it->second.st = state::active_pending_free;
-  record(action::free_requested, key(base), it->second.requested, key(s));
+  record(action::free_requested, key(base) + it->second.offset, it->second.requested, key(s));
 }
 
 void history::free_completed(const void* base, stream_handle s) noexcept {
@@ -73,11 +75,12 @@ void history::free_completed(const void* base, stream_handle s) noexcept {
   const auto it = blocks_.find(key(base));
   if (it == blocks_.end() || it->second.st == state::inactive) return;
   block& b = it->second;
-  if (b.st == state::active_allocated)
-    record(action::free_requested, key(base), b.requested, key(s));
-  record(action::free_completed, key(base), b.requested, key(s));
+  const uintptr_t data = key(base) + b.offset;
+  if (b.st == state::active_allocated) record(action::free_requested, data, b.requested, key(s));
+  record(action::free_completed, data, b.requested, key(s));
   b.st = state::inactive;
   b.requested = 0;
+  b.offset = 0;
   b.stream = key(s);  // a cached block belongs to the cache's stream
 }
 
@@ -88,9 +91,9 @@ void history::segment_free(const void* base, stream_handle s) noexcept {
   if (it == blocks_.end()) return;
   const block b = it->second;
   blocks_.erase(it);
-  if (b.st == state::active_allocated)
-    record(action::free_requested, key(base), b.requested, key(s));
-  if (b.st != state::inactive) record(action::free_completed, key(base), b.requested, key(s));
+  const uintptr_t data = key(base) + b.offset;
+  if (b.st == state::active_allocated) record(action::free_requested, data, b.requested, key(s));
+  if (b.st != state::inactive) record(action::free_completed, data, b.requested, key(s));
   record(action::segment_free, key(base), b.bytes, key(s));
 }
 
@@ -136,19 +139,26 @@ std::string history::snapshot_pickle(int device) const {
     w.end_list();
     w.string("blocks");
     w.begin_list();
-    w.begin_dict();
-    w.string("address");
-    w.unsigned_integer(address);
-    w.string("size");
-    w.unsigned_integer(b.bytes);
-    w.string("requested_size");
-    w.unsigned_integer(b.requested);
-    w.string("state");
-    w.string(kStates[static_cast<int>(b.st)]);
-    w.string("frames");
-    w.begin_list();
-    w.end_list();
-    w.end_dict();
+    auto write_block = [&w](uintptr_t at, size_t size, size_t requested, const char* st) {
+      w.begin_dict();
+      w.string("address");
+      w.unsigned_integer(at);
+      w.string("size");
+      w.unsigned_integer(size);
+      w.string("requested_size");
+      w.unsigned_integer(requested);
+      w.string("state");
+      w.string(st);
+      w.string("frames");
+      w.begin_list();
+      w.end_list();
+      w.end_dict();
+    };
+    // An over-aligned allocation's padding before its data pointer: a block of its own, free.
+    if (b.offset != 0)
+      write_block(address, b.offset, 0, kStates[static_cast<int>(state::inactive)]);
+    write_block(address + b.offset, b.bytes - b.offset, b.requested,
+                kStates[static_cast<int>(b.st)]);
     w.end_list();
     w.end_dict();
   }

@@ -41,8 +41,10 @@ class history {
   /// the block, the history leaves it out (the calls below then ignore it): recording never
   /// fails, since its callers cannot (the memory is taken, or a deallocation committed).
   void segment_alloc(const void* base, size_t bytes, stream_handle s) noexcept;
-  /// An allocation of `requested` bytes now lives in the block at `base`.
-  void alloc(const void* base, size_t requested, stream_handle s) noexcept;
+  /// An allocation of `requested` bytes at `data` (the caller's pointer, `base` aligned up) now
+  /// lives in the block at `base`. Its trace entries name `data`, as PyTorch's name the pointer
+  /// handed out.
+  void alloc(const void* base, const void* data, size_t requested, stream_handle s) noexcept;
   /// The allocation in the block at `base` was deallocated on `s`.
   void free_requested(const void* base, stream_handle s) noexcept;
   /// The block at `base` is reusable: kept in the cache of stream `s`.
@@ -77,6 +79,9 @@ class history {
     size_t requested = 0;  ///< 0 while inactive
     uintptr_t stream = 0;
     state st = state::inactive;
+    /// The allocation's data pointer past the block's start (an alignment above the pool's):
+    /// its own block in the snapshot, after an inactive one of these bytes. 0 while inactive.
+    size_t offset = 0;
   };
 
   /// Appends to the ring, dropping the oldest entry when full. Under mutex_.
