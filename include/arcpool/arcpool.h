@@ -247,8 +247,9 @@ typedef struct arcpool_allocator_options_t {
    * requested and completed, blocks taken from and given back to the pool) and the state of
    * every block held, read as PyTorch's memory snapshot (arcpool_memory_snapshot). Each
    * recorded operation then takes a mutex. The room for the actions (about 40 bytes each) is
-   * made when the allocator is created. Default 0: off, unless ARCPOOL_HISTORY=N is set in
-   * the environment when the allocator is created. */
+   * made when the allocator is created (INVALID_ARGUMENT for more than a ring can hold).
+   * Default 0: off, unless ARCPOOL_HISTORY=N is set in the environment when the allocator is
+   * created. */
   size_t history_entries;
 } arcpool_allocator_options_t;
 

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "core/janitor.hpp"
@@ -26,7 +27,8 @@ arcpool_status_t history_entries_from_environment(size_t* out) {
   char* end = nullptr;
   errno = 0;
   const unsigned long long n = std::strtoull(text, &end, 10);
-  if (errno != 0 || *end != '\0' || text[0] == '-' || n > SIZE_MAX) {
+  // strtoull skips leading spaces and wraps a minus sign: " -1" would read as 2^64 - 1.
+  if (errno != 0 || *end != '\0' || std::strchr(text, '-') != nullptr || n > SIZE_MAX) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
                 "ARCPOOL_HISTORY=%s is not a number of history entries", text);
   }
@@ -40,6 +42,12 @@ arcpool_status_t allocator::create(const allocator_config& config, allocator** o
   allocator_config resolved = config;
   if (resolved.history_entries == 0) {
     ARCPOOL_RETURN_IF_ERROR(history_entries_from_environment(&resolved.history_entries));
+  }
+  if (resolved.history_entries > history::max_entries()) {
+    return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                "a memory history of %zu entries (history_entries or ARCPOOL_HISTORY) is more "
+                "than one can hold (%zu)",
+                resolved.history_entries, history::max_entries());
   }
   std::unique_ptr<driver> drv;
   ARCPOOL_RETURN_IF_ERROR(make_driver(resolved.driver, &drv));

@@ -31,6 +31,9 @@ class history {
   /// ring is made now (std::bad_alloc if the host has no memory for it), so that recording an
   /// action allocates nothing.
   explicit history(size_t entries) : capacity_(entries) { ring_.reserve(entries); }
+
+  /// The most entries a ring can hold (more is refused when the allocator is created).
+  static size_t max_entries() noexcept { return std::vector<entry>().max_size(); }
   history(const history&) = delete;
   history& operator=(const history&) = delete;
 
