@@ -410,8 +410,10 @@ def _snapshot(device=None, augment_with_fx_traces=False):
             continue
         try:
             one = memory_snapshot(index)
-        except ArcpoolError as e:  # this device's allocator keeps no history: skipped
-            failure = failure or e
+        except ArcpoolError as e:
+            if e.status != "ARCPOOL_STATUS_UNSUPPORTED":
+                raise  # a snapshot that failed (no host memory for it, say) is not left out
+            failure = failure or e  # this device's allocator keeps no history: skipped
             continue
         merged["segments"].extend(one["segments"])
         traces = merged["device_traces"]

@@ -179,6 +179,30 @@ class Snapshot(unittest.TestCase):
         """), 1000)
         self.assertEqual(0, done.returncode, done.stderr)
 
+    def test_torchs_snapshot_raises_when_a_devices_snapshot_fails(self):
+        # Only a device without history is skipped: one whose snapshot failed otherwise (no host
+        # memory for it) raises, instead of leaving the device out of the dictionary unsaid.
+        done = _run_child(textwrap.dedent("""
+            import arcpool, arcpool.torch
+            lib = arcpool._lib.lib
+            for d in (0, 1):
+                assert lib.arcpool_malloc_async(4096, d, None), lib.arcpool_last_error()
+            real = arcpool.memory_snapshot
+            def failing(device=0):
+                if device == 1:
+                    raise arcpool.ArcpoolError(2, "arcpool_memory_snapshot")  # OUT_OF_MEMORY
+                return real(device)
+            arcpool.memory_snapshot = failing
+            try:
+                arcpool.torch._snapshot()
+            except arcpool.ArcpoolError as e:
+                print(e.status)
+            else:
+                raise SystemExit("device 1 was left out without a word")
+        """), 1000)
+        self.assertEqual(0, done.returncode, done.stderr)
+        self.assertIn("ARCPOOL_STATUS_OUT_OF_MEMORY", done.stdout)
+
     def test_without_history_the_snapshot_says_how_to_turn_it_on(self):
         done = _run_child(textwrap.dedent("""
             import arcpool
