@@ -173,6 +173,24 @@ TEST(Deterministic, AnAccessBeforeTheAllocationIsReported) {
   det::run(d);
 }
 
+/// A pool free of a block freed already, or of an address no block starts at (an over-aligned
+/// allocation's data pointer), is reported: cudaFreeAsync refuses such a pointer, and a double
+/// free into a real pool lets two later allocations overlap, which this driver, never reusing a
+/// block, could not show. Both were ignored.
+TEST(Deterministic, AFreeOfNoLiveBlockIsReported) {
+  world w(9);
+  detail::driver& d = w.drv();
+  void* p = nullptr;
+  ASSERT_OK(d.pool_allocate(4096, w.s[0], &p));
+  ASSERT_OK(d.pool_free(static_cast<char*>(p) + 512, 4096, w.s[0]));  // inside, not its start
+  ASSERT_OK(d.pool_free(p, 4096, w.s[0]));
+  ASSERT_OK(d.pool_free(p, 4096, w.s[0]));  // again
+  det::run(d);
+  const std::string v = joined(w.violations());
+  EXPECT_NE(std::string::npos, v.find("no block arcpool holds starts there")) << v;
+  EXPECT_NE(std::string::npos, v.find("the block was freed already (pool free on")) << v;
+}
+
 /// The stream caches tell the checker where a block leaves and re-enters use
 /// (driver::note_release and note_acquire): a use the program never told arcpool about is
 /// reported at the cache's release itself, and a cache hit is a new allocation of the block.

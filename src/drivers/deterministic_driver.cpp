@@ -451,10 +451,19 @@ class deterministic_driver final : public driver {
   }
 
   void release(det_stream& on, uintptr_t base, const char* how) {
-    auto it = blocks_.find(base);
-    if (it == blocks_.end()) return;
-    block_state& b = it->second;
     const std::string here = std::string(how) + " on " + on.name();
+    auto it = blocks_.find(base);
+    if (it == blocks_.end()) {
+      // cudaFreeAsync of a pointer no pool handed out, or handed out and freed: an error, and a
+      // double free into a real pool lets two later allocations overlap (this driver never
+      // reuses a block, so the overlap itself could not show).
+      const std::string retired = retired_containing(base);
+      violations_.push_back(here + " of " + hex(base) + ": " +
+                            (retired.empty() ? "no block arcpool holds starts there"
+                                             : "the block was freed already (" + retired + ")"));
+      return;
+    }
+    block_state& b = it->second;
     for (const access_record& a : b.accesses) {
       if (!leq(a.clock, on.clock)) {
         violations_.push_back(here + " of block " + hex(base) + " is not ordered after " + a.label +
