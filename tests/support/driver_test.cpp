@@ -116,6 +116,9 @@ void DriverTest::TearDown() {
     // Complete the deferred frees and flush the caches while the checker can still be read
     // (it goes with the allocator), then report every unordered access and free.
     arcpool_allocator_trim(alloc_, 0);
+    // Every stream's queue too (the legacy and per-thread default streams' frees, the trim's
+    // flushes), not only the fixture's: their frees are checked before the list is read.
+    detail::deterministic::run(core().drv());
     std::string all;
     for (const std::string& v : detail::deterministic::violations(core().drv()))
       all += "  " + v + "\n";
