@@ -23,14 +23,13 @@ typedef struct arcpool_ipc_importer arcpool_ipc_importer_t;
 /**
  * Starts sharing `allocator`'s pool over `socket_fd`, a connected AF_UNIX SOCK_STREAM socket in
  * blocking mode (INVALID_ARGUMENT for any other descriptor, O_NONBLOCK set included; it must stay
- * blocking) whose other end calls arcpool_ipc_importer_create. The pool must be owned and created with
- * ipc_handle_types including cudaMemHandleTypePosixFileDescriptor (INVALID_ARGUMENT
- * otherwise: a device's default pool cannot be exported). Sends the pool's file descriptor
- * (SCM_RIGHTS), reads the importer's greeting (blocking until it arrives) and starts a thread
- * that watches the socket. The importing process, whose exit ends its claims, is the one the
- * kernel names for the greeting (SCM_CREDENTIALS); UNSUPPORTED when it names none (the importer
- * runs in a PID namespace this process cannot see). On success the exporter owns `socket_fd`;
- * on failure the caller still does.
+ * blocking) whose other end calls arcpool_ipc_importer_create. The pool must be owned and created
+ * with ipc_handle_types including cudaMemHandleTypePosixFileDescriptor (INVALID_ARGUMENT otherwise:
+ * a device's default pool cannot be exported). Sends the pool's file descriptor (SCM_RIGHTS), reads
+ * the importer's greeting (blocking until it arrives) and starts a thread that watches the socket.
+ * The importing process, whose exit ends its claims, is the one the kernel names for the greeting
+ * (SCM_CREDENTIALS); UNSUPPORTED when it names none (the importer runs in a PID namespace this
+ * process cannot see). On success the exporter owns `socket_fd`; on failure the caller still does.
  */
 ARCPOOL_API arcpool_status_t arcpool_ipc_exporter_create(arcpool_allocator_t* allocator,
                                                          int socket_fd,

@@ -234,8 +234,9 @@ class SharedAllocator(_Owned):
 class Exporter(_Owned):
     """Shares `allocator`'s pool with the process at the other end of `sock` (a connected AF_UNIX
     SOCK_STREAM socket in blocking mode, that is without a timeout, or its descriptor) whose
-    Importer joins it: blocks until its greeting arrives. The allocations sent stay claimed until that process released them or exited.
-    close() sends nothing more; claims still held go as the importer releases them or exits."""
+    Importer joins it: blocks until its greeting arrives. The allocations sent stay claimed
+    until that process released them or exited. close() sends nothing more; claims still held
+    go as the importer releases them or exits."""
 
     _what = "exporter"
     _give_back = staticmethod(lib.arcpool_ipc_exporter_destroy)

@@ -158,10 +158,11 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
     } else if (already_sent_locked(record)) {
       // The importer would import it twice (cudaMemPoolImportPointer) into one mapping, whose
       // first free unmaps what the second import still uses; CUDA documents no second import.
+      // Named without allocating: a throw here would keep the claim taken above.
       status = fail(ARCPOOL_STATUS_UNSUPPORTED,
-                    "arcpool_ipc_send: %s was already sent to this importer, which has not "
-                    "released it yet",
-                    record.describe().c_str());
+                    "arcpool_ipc_send: allocation #%llu (%zu bytes at %p) was already sent to "
+                    "this importer, which has not released it yet",
+                    static_cast<unsigned long long>(record.placement.serial), placement.size, data);
     } else {
       try {
         sent_.emplace(next_id_, s);
