@@ -21,7 +21,6 @@ namespace {
 using cuda::check;
 using cuda::context_api;
 using cuda::cu;
-using cuda::cu_error_name;
 using cuda::device_guard;
 using cuda::discard;
 using cuda::exiting;
@@ -96,7 +95,7 @@ class cuda_driver final : public driver {
     CUcontext context = nullptr;
     if (const CUresult r = context_api().stream_get_context(cu(s), &context); r != CUDA_SUCCESS) {
       return fail(ARCPOOL_STATUS_CUDA_ERROR, "cuStreamGetCtx(%p) failed: CUresult %d (%s)",
-                  static_cast<void*>(s), static_cast<int>(r), cu_error_name(r));
+                  static_cast<void*>(s), static_cast<int>(r), cuda::cu_error_name(r));
     }
     *primary_context = context == primary_;
     if (*primary_context) {

@@ -13,74 +13,21 @@
 #include <unordered_map>
 
 #include "drivers/deterministic.hpp"
+#include "drivers/deterministic_state.hpp"
 #include "support/status.hpp"
 
 namespace arcpool::detail {
 namespace {
 
-using vclock = std::vector<uint64_t>;
-
-void join(vclock& into, const vclock& other) {
-  if (into.size() < other.size()) into.resize(other.size(), 0);
-  for (size_t i = 0; i < other.size(); ++i)
-    into[i] = std::max(into[i], other[i]);
-}
-
-bool leq(const vclock& a, const vclock& b) {
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] > (i < b.size() ? b[i] : 0)) return false;
-  }
-  return true;
-}
-
-/// Completion of one event record, with the recording stream's clock at that point.
-struct marker {
-  bool done = false;
-  vclock clock;
-};
-
-struct det_event {
-  std::shared_ptr<marker> last;  // null: never recorded (complete)
-};
-
-struct det_stream;
-
-/// One queued task. `ready` (may be empty) says whether it can run now; `run` runs it.
-/// `host` is the host's clock when it was enqueued: work enqueued after the host observed
-/// something complete is ordered after it (CUDA's order through the host).
-struct task {
-  std::function<bool()> ready;
-  std::function<void(det_stream&)> run;
-  vclock host = {};
-};
-
-struct det_stream {
-  uint64_t id = 0;
-  size_t slot = 0;  // index in the vector clocks
-  vclock clock;
-  std::deque<task> queue;
-  uint64_t enqueued = 0;  // tasks ever queued
-  bool capturing = false;
-  std::string name() const { return "stream " + std::to_string(id); }
-};
-
-/// What the checker knows of one block of memory.
-struct access_record {
-  vclock clock;
-  std::string label;
-  bool write;
-};
-
-struct block_state {
-  size_t bytes = 0;
-  uint64_t epoch = 0;  // bumped at every acquire
-  bool acquired = false;
-  bool released = false;
-  vclock acquire_clock;
-  vclock release_clock;
-  std::string release_label;
-  std::vector<access_record> accesses;
-};
+using deterministic::state::access_record;
+using deterministic::state::block_state;
+using deterministic::state::det_event;
+using deterministic::state::det_stream;
+using deterministic::state::join;
+using deterministic::state::leq;
+using deterministic::state::marker;
+using deterministic::state::task;
+using deterministic::state::vclock;
 
 std::atomic<uint64_t> g_next_id{uint64_t{1} << 50};
 
