@@ -74,18 +74,26 @@ class scratch_dir {
   fs::path path_;
 };
 
-class AllocationLog : public DriverTest {};
+class AllocationLog : public DriverTest {
+ protected:
+  /// Logs one allocation of `bytes` on `s` and its free there to `file`, then closes the log;
+  /// returns the allocation's data pointer.
+  void* log_allocate_and_free(const fs::path& file, size_t bytes, arcpool_stream_t s) {
+    EXPECT_OK(arcpool_allocator_log_open(alloc_, file.c_str()));
+    arcpool_allocation_t* a = allocate(bytes, s);
+    void* p = data(a);
+    EXPECT_OK(arcpool_deallocate_async(a, s, 0));
+    arcpool_allocation_release(a);
+    EXPECT_OK(arcpool_allocator_log_close(alloc_));
+    return p;
+  }
+};
 
 TEST_P(AllocationLog, EveryAllocationAndFreeIsOneRowInRmmsColumns) {
   scratch_dir dir;
   const fs::path file = dir.path() / "trace.csv";
-  ASSERT_OK(arcpool_allocator_log_open(alloc_, file.c_str()));
   arcpool_stream_t s = make_stream();
-  arcpool_allocation_t* a = allocate(12345, s);
-  void* p = data(a);
-  EXPECT_OK(arcpool_deallocate_async(a, s, 0));
-  arcpool_allocation_release(a);
-  ASSERT_OK(arcpool_allocator_log_close(alloc_));
+  void* p = log_allocate_and_free(file, 12345, s);
   arcpool_allocation_t* unlogged = allocate(64, s);  // after the close: not in the file
   arcpool_allocation_release(unlogged);
 
@@ -98,13 +106,8 @@ TEST_P(AllocationLog, EveryAllocationAndFreeIsOneRowInRmmsColumns) {
 TEST_P(AllocationLog, AZeroByteAllocationsNullPointerIsWrittenSoRmmsParserReadsIt) {
   scratch_dir dir;
   const fs::path file = dir.path() / "trace.csv";
-  ASSERT_OK(arcpool_allocator_log_open(alloc_, file.c_str()));
   arcpool_stream_t s = make_stream();
-  arcpool_allocation_t* a = allocate(0, s);
-  ASSERT_EQ(nullptr, data(a));
-  EXPECT_OK(arcpool_deallocate_async(a, s, 0));
-  arcpool_allocation_release(a);
-  ASSERT_OK(arcpool_allocator_log_close(alloc_));
+  ASSERT_EQ(nullptr, log_allocate_and_free(file, 0, s));
   expect_allocate_then_free(lines_of(file), nullptr, 0, s);
 }
 

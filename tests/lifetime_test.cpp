@@ -55,6 +55,29 @@ class Lifetime : public DriverTest {
     DriverTest::TearDown();
   }
 
+  /// Posts `task` where no reclaim worker takes it first and starts `poller` running it;
+  /// returns whether it started within 10 s.
+  template <class Task>
+  bool post_and_start(Task* task, std::thread& poller) {
+    std::future<void> started = task->started.get_future();
+    core().prepare_posted_task();
+    core().await_posted_task();
+    core().post_task(task);
+    EXPECT_EQ(1u, core().reclaim_pending()) << "posted, not yet run";
+    poller = std::thread([this] { core().reclaim_poll_once(); });
+    const bool ran = started.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    EXPECT_TRUE(ran) << "no thread ran the posted task";
+    return ran;
+  }
+
+  /// Expects the reclaimer to have nothing pending within 10 s.
+  void expect_nothing_pending_soon() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (core().reclaim_pending() != 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    EXPECT_EQ(0u, core().reclaim_pending());
+  }
+
   arcpool_stream_t s_ = nullptr;
   arcpool_stream_t user_ = nullptr;
   std::vector<std::pair<void*, size_t>> foreign_;
@@ -350,14 +373,8 @@ struct held_task : detail::posted_task {
 // simcuda run, GraphCapture.AUserObjectsDestructorNeverWaitsForTheReclaimWorker).
 TEST_P(Lifetime, APostedTaskIsPendingUntilItHasRun) {
   auto* task = new held_task;
-  std::future<void> started = task->started.get_future();
-  core().prepare_posted_task();
-  core().await_posted_task();
-  core().post_task(task);
-  EXPECT_EQ(1u, core().reclaim_pending()) << "posted, not yet run";
-  std::thread poller([&] { core().reclaim_poll_once(); });  // where no worker runs it first
-  const bool ran = started.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
-  EXPECT_TRUE(ran) << "no thread ran the posted task";
+  std::thread poller;
+  const bool ran = post_and_start(task, poller);
   if (ran) {
     EXPECT_EQ(1u, core().reclaim_pending()) << "running, not yet run to its end";
   }
@@ -368,10 +385,7 @@ TEST_P(Lifetime, APostedTaskIsPendingUntilItHasRun) {
   while (!task->finished.load() && std::chrono::steady_clock::now() < until)
     std::this_thread::yield();
   ASSERT_TRUE(task->finished.load());
-  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (core().reclaim_pending() != 0 && std::chrono::steady_clock::now() < settled)
-    std::this_thread::yield();
-  EXPECT_EQ(0u, core().reclaim_pending());
+  expect_nothing_pending_soon();
   delete task;
 }
 
@@ -380,13 +394,8 @@ TEST_P(Lifetime, APostedTaskIsPendingUntilItHasRun) {
 // had taken, not yet run to its end, was left out, and its frees came after the drain returned.
 TEST_P(Lifetime, ADrainWaitsForAPostedTaskRunningNow) {
   auto* task = new held_task;
-  std::future<void> started = task->started.get_future();
-  core().prepare_posted_task();
-  core().await_posted_task();
-  core().post_task(task);
-  std::thread poller([&] { core().reclaim_poll_once(); });  // where no worker runs it first
-  const bool ran = started.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
-  EXPECT_TRUE(ran) << "no thread ran the posted task";
+  std::thread poller;
+  const bool ran = post_and_start(task, poller);
   std::atomic<bool> drained{false};
   bool task_ended_before_the_drain = false;
   std::thread drainer([&] {
@@ -401,10 +410,7 @@ TEST_P(Lifetime, ADrainWaitsForAPostedTaskRunningNow) {
   poller.join();
   EXPECT_TRUE(task_ended_before_the_drain);
   if (!ran) return;  // the task stays in the inbox: leaked, not freed under the reclaimer
-  const auto settled = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (core().reclaim_pending() != 0 && std::chrono::steady_clock::now() < settled)
-    std::this_thread::yield();
-  EXPECT_EQ(0u, core().reclaim_pending());
+  expect_nothing_pending_soon();
   delete task;
 }
 
