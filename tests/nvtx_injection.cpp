@@ -1,12 +1,13 @@
 // A minimal NVTX tool, loaded by NVTX through NVTX_INJECTION64_PATH, that records the ranges of
-// the "arcpool" domain, and counts the memory regions registered there (the NVTX memory
-// extension), so that a test can check them without Nsight.
+// the "arcpool" domain, and counts the memory regions registered and unregistered there (the NVTX
+// memory extension), so that a test can check them without Nsight.
 #include <nvtx3/nvToolsExt.h>
 #include <nvtx3/nvToolsExtMem.h>
 
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@ std::atomic<int> g_pushes{0};
 std::atomic<int> g_pops{0};
 std::atomic<int> g_categories{0};
 std::atomic<int> g_regions{0};
+std::set<const void*> g_live_regions;  // registered and not unregistered since (g_mutex)
+std::atomic<int> g_unknown_unregisters{0};  // unregisters of a pointer not registered
 
 nvtxDomainHandle_t NVTX_API domain_create(const char* name) {
   return std::strcmp(name, "arcpool") == 0 ? kArcpoolDomain : nullptr;
@@ -40,8 +43,22 @@ int NVTX_API range_push(nvtxDomainHandle_t domain, const nvtxEventAttributes_t* 
 
 void NVTX_API regions_register(nvtxDomainHandle_t domain,
                                const nvtxMemRegionsRegisterBatch_t* batch) {
-  if (domain == kArcpoolDomain && batch != nullptr) {
-    g_regions.fetch_add(static_cast<int>(batch->regionCount));
+  if (domain != kArcpoolDomain || batch == nullptr) return;
+  g_regions.fetch_add(static_cast<int>(batch->regionCount));
+  const auto* regions = static_cast<const nvtxMemVirtualRangeDesc_t*>(batch->regionDescElements);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (size_t i = 0; i < batch->regionCount; ++i)
+    g_live_regions.insert(regions[i].ptr);
+}
+
+void NVTX_API regions_unregister(nvtxDomainHandle_t domain,
+                                 const nvtxMemRegionsUnregisterBatch_t* batch) {
+  if (domain != kArcpoolDomain || batch == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (size_t i = 0; i < batch->refCount; ++i) {
+    if (g_live_regions.erase(batch->refElements[i].pointer) == 0) {
+      g_unknown_unregisters.fetch_add(1);
+    }
   }
 }
 
@@ -70,7 +87,8 @@ __attribute__((visibility("default"))) int InitializeInjectionNvtx2(
   return 1;
 }
 
-/// The memory extension's entry point: only nvtxMemRegionsRegister is implemented.
+/// The memory extension's entry point: nvtxMemRegionsRegister and nvtxMemRegionsUnregister are
+/// implemented.
 __attribute__((visibility("default"))) int InitializeInjectionNvtxExtension(
     nvtxExtModuleInfo_t* info) {
   if (info == nullptr || info->moduleId != NVTX_EXT_MODULEID_MEM) return 1;
@@ -79,6 +97,10 @@ __attribute__((visibility("default"))) int InitializeInjectionNvtxExtension(
     if (segment.slotCount > NVTX3EXT_CBID_nvtxMemRegionsRegister) {
       segment.functionSlots[NVTX3EXT_CBID_nvtxMemRegionsRegister] =
           reinterpret_cast<intptr_t>(&regions_register);
+    }
+    if (segment.slotCount > NVTX3EXT_CBID_nvtxMemRegionsUnregister) {
+      segment.functionSlots[NVTX3EXT_CBID_nvtxMemRegionsUnregister] =
+          reinterpret_cast<intptr_t>(&regions_unregister);
     }
   }
   return 1;
@@ -93,6 +115,13 @@ __attribute__((visibility("default"))) int arcpool_test_nvtx_pops() {
 }
 __attribute__((visibility("default"))) int arcpool_test_nvtx_regions() {
   return g_regions.load();
+}
+__attribute__((visibility("default"))) int arcpool_test_nvtx_live_regions() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return static_cast<int>(g_live_regions.size());
+}
+__attribute__((visibility("default"))) int arcpool_test_nvtx_unknown_unregisters() {
+  return g_unknown_unregisters.load();
 }
 __attribute__((visibility("default"))) int arcpool_test_nvtx_categories() {
   return g_categories.load();

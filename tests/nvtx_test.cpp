@@ -53,7 +53,7 @@ TEST(Nvtx, EveryPublicOperationOpensARangeInTheArcpoolDomain) {
   ASSERT_NE(nullptr, find);
   EXPECT_EQ(7, pushes());
   EXPECT_EQ(pushes(), pops()) << "every range is closed";
-  EXPECT_EQ(10, categories()) << "one category per kind of operation";
+  EXPECT_EQ(9, categories()) << "one category per kind of operation";
   EXPECT_EQ(1, find(":12345:allocate 12345 B stream")) << "size in the payload and message";
   EXPECT_EQ(1, find("transfer 12345 B stream"));
   EXPECT_EQ(1, find("record_use"));
@@ -123,6 +123,32 @@ TEST_F(HitsOnAStream, ACacheHitStillNamesItsMemoryRegion) {
   pair();  // a cache hit
   EXPECT_EQ(1u, cache_hits());
   EXPECT_EQ(before + 1, regions()) << "the cache hit named no region";
+}
+
+// An import's memory is not arcpool's to name: its free unregisters no region (it unregistered
+// the region of the memory's own allocation, which another allocator, or arcpool, had named).
+TEST_F(HitsOnAStream, AnImportsFreeUnregistersNoRegion) {
+  pair();
+  auto live = tool_function<int (*)()>("arcpool_test_nvtx_live_regions");
+  auto unknown = tool_function<int (*)()>("arcpool_test_nvtx_unknown_unregisters");
+  ASSERT_NE(nullptr, live) << "the NVTX tool was not loaded";
+  ASSERT_NE(nullptr, unknown);
+  arcpool_allocation_t* mine = nullptr;
+  ASSERT_OK(arcpool_allocate_async(alloc_, 4096, 0, s_, 0, &mine));
+  void* p = nullptr;
+  ASSERT_OK(arcpool_allocation_data(mine, &p));
+  const int live_before = live();
+  const int unknown_before = unknown();
+  arcpool_allocation_t* imported = nullptr;
+  ASSERT_OK(arcpool_import(alloc_, p, 4096, s_, 0, nullptr, nullptr, &imported));
+  ASSERT_OK(arcpool_deallocate_async(imported, s_, 0));
+  arcpool_allocation_release(imported);
+  EXPECT_EQ(live_before, live()) << "the import's free unregistered its memory's region";
+  EXPECT_EQ(unknown_before, unknown());
+  ASSERT_OK(arcpool_deallocate_async(mine, s_, 0));
+  arcpool_allocation_release(mine);
+  EXPECT_EQ(live_before - 1, live()) << "the allocation's free unregistered no region";
+  EXPECT_EQ(unknown_before, unknown());
 }
 
 }  // namespace

@@ -140,10 +140,11 @@ arcpool_status_t allocator::commit(allocation& a, bool force, bool implicit, str
 
 void allocator::forget(allocation& a, stream_handle stream, stats::local& st) {
   if (a.current_fence) a.current_fence = fence_ref();  // its fences were collected already
-  if (log_.enabled() && !a.external()) {
-    log_.write("free", a.placement.data, a.placement.size, stream);
+  // An import's memory was neither logged nor named here (its own allocator may name it).
+  if (!a.external()) {
+    if (log_.enabled()) log_.write("free", a.placement.data, a.placement.size, stream);
+    nvtx::forget_region(a.placement.data);
   }
-  nvtx::forget_region(a.placement.data);
   if (a.made_in_capture()) {
     st.sub(stat::graph_bytes_in_use, static_cast<int64_t>(a.placement.size));
   } else if (!a.external()) {

@@ -28,8 +28,6 @@ const char* name_of(op kind) {
       return "export";
     case op::trim:
       return "trim";
-    case op::reclaim:
-      return "reclaim";
   }
   return "operation";
 }
@@ -41,7 +39,7 @@ struct domain_state {
   domain_state() {
     domain = nvtxDomainCreateA("arcpool");
     if (domain == nullptr) return;
-    for (uint32_t c = static_cast<uint32_t>(op::allocate); c <= static_cast<uint32_t>(op::reclaim);
+    for (uint32_t c = static_cast<uint32_t>(op::allocate); c <= static_cast<uint32_t>(op::trim);
          ++c) {
       nvtxDomainNameCategoryA(domain, c, name_of(static_cast<op>(c)));
     }

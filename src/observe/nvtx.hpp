@@ -23,7 +23,6 @@ enum class op : uint32_t {
   import,
   export_memory,
   trim,
-  reclaim,
 };
 
 /// Whether a tool is attached: -1 until decided (at the first use), then 0 or 1.
