@@ -21,7 +21,7 @@ std::atomic<int> g_pushes{0};
 std::atomic<int> g_pops{0};
 std::atomic<int> g_categories{0};
 std::atomic<int> g_regions{0};
-std::set<const void*> g_live_regions;  // registered and not unregistered since (g_mutex)
+std::set<const void*> g_live_regions;       // registered and not unregistered since (g_mutex)
 std::atomic<int> g_unknown_unregisters{0};  // unregisters of a pointer not registered
 
 nvtxDomainHandle_t NVTX_API domain_create(const char* name) {
