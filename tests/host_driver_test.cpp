@@ -215,6 +215,29 @@ TEST_F(HostDriver, DestroyingAStreamStillRunsItsQueuedWork) {
     std::this_thread::yield();
 }
 
+// CUDA lets a destroyed stream's queued work finish, and nothing waits for it: creating a
+// stream joined every destroyed stream nobody referenced, drained or not, under the stream
+// table's lock, so it waited for work that may wait for the caller.
+TEST_F(HostDriver, CreatingAStreamNeverWaitsForADestroyedStreamToDrain) {
+  arcpool_stream_t doomed = nullptr;
+  ASSERT_OK(drv_->stream_create(&doomed));
+  auto open = hold(doomed);
+  ASSERT_OK(drv_->stream_destroy(doomed));
+  std::atomic<bool> created{false};
+  std::thread creator([&] {
+    arcpool_stream_t s = nullptr;
+    EXPECT_OK(drv_->stream_create(&s));
+    created = true;
+    EXPECT_OK(drv_->stream_destroy(s));
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!created.load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+  EXPECT_TRUE(created.load()) << "stream_create waited for a destroyed stream's work";
+  open->store(true);
+  creator.join();
+}
+
 TEST_F(HostDriver, PerThreadDefaultStreamsAreDistinctPerThread) {
   const auto per_thread = reinterpret_cast<arcpool_stream_t>(0x2);
   uint64_t here = 0;

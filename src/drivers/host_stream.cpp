@@ -30,8 +30,9 @@ class stream_table {
   stream_handle create() {
     auto s = std::make_shared<host_stream>(g_next_stream_id.fetch_add(1));
     auto handle = reinterpret_cast<stream_handle>(s.get());
+    std::vector<std::shared_ptr<host_stream>> reaped;  // joined after the lock, on return
     std::lock_guard<std::mutex> lock(mutex_);
-    reap_locked();
+    reap_locked(reaped);
     streams_.emplace(handle, std::move(s));
     return handle;
   }
@@ -78,7 +79,9 @@ class stream_table {
 
   /// Retires a per-thread default stream whose thread exits (its queued work still runs).
   void retire_per_thread(std::shared_ptr<host_stream> s) {
+    std::vector<std::shared_ptr<host_stream>> reaped;  // joined after the lock, on return
     std::lock_guard<std::mutex> lock(mutex_);
+    reap_locked(reaped);
     if (auto it = std::find(per_thread_.begin(), per_thread_.end(), s); it != per_thread_.end()) {
       per_thread_.erase(it);
     }
@@ -91,10 +94,14 @@ class stream_table {
     retired_.push_back(std::move(s));
   }
 
-  // Joins retired streams nobody else references (their destructor joins the worker).
-  void reap_locked() {
+  // Moves to `reaped` the retired streams whose worker ran everything and that nobody else
+  // references: the caller destroys them after releasing the lock (their destructor joins the
+  // worker, which has left its loop). A stream still draining stays: CUDA lets a destroyed
+  // stream's work finish, and no call waits for it.
+  void reap_locked(std::vector<std::shared_ptr<host_stream>>& reaped) {
     for (size_t i = 0; i < retired_.size();) {
-      if (retired_[i].use_count() == 1) {
+      if (retired_[i].use_count() == 1 && retired_[i]->drained()) {
+        reaped.push_back(std::move(retired_[i]));
         retired_[i] = std::move(retired_.back());
         retired_.pop_back();
       } else {
@@ -248,7 +255,10 @@ void host_stream::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     work_cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // closing and drained
+    if (queue_.empty()) {  // closing and drained
+      drained_ = true;
+      return;
+    }
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();

@@ -44,6 +44,12 @@ class host_stream {
   /// Closes the stream and waits for its worker to exit (never from the worker itself).
   void join();
 
+  /// Whether the worker ran everything and left its loop: closed, nothing left to run.
+  bool drained() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return drained_;
+  }
+
   /// Tasks enqueued so far (tests prove arcpool never touched a stream with it).
   uint64_t enqueued() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -71,6 +77,7 @@ class host_stream {
   uint64_t enqueued_ = 0;
   uint64_t completed_ = 0;
   bool closing_ = false;
+  bool drained_ = false;  ///< the worker left its loop
   bool blocked_ = false;
   uint64_t block_epoch_ = 0;               ///< counts blocking scopes entered
   std::weak_ptr<host_stream> blocked_on_;  ///< the stream that must progress (none: the test)
