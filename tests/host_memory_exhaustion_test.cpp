@@ -64,6 +64,7 @@
 #include <vector>
 
 #include "arcpool/arcpool.h"
+#include "drivers/driver.hpp"
 #include "support/driver_test.hpp"
 #include "support/ipc_processes.hpp"
 
@@ -269,6 +270,45 @@ TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLoses
 
   EXPECT_OK(arcpool_stream_destroy(alloc, s));
   arcpool_allocator_destroy(alloc);
+}
+
+// A host-driver record refused for host memory leaves its event as it was, as a failed
+// cudaEventRecord does. It published the new record's marker before queueing its completion,
+// so the event never completed: queried false for ever, and a wait on it hung.
+TEST(HostMemoryExhaustion, AHostEventRecordRefusedForMemoryLeavesTheEventAsItWas) {
+  arcpool::detail::driver_config config;
+  config.kind = ARCPOOL_DRIVER_HOST;
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  const std::unique_ptr<arcpool::detail::driver> drv =
+      arcpool::detail::make_host_driver(config, &status);
+  ASSERT_OK(status);
+  arcpool_stream_t s = nullptr;
+  ASSERT_OK(drv->stream_create(&s));
+  arcpool::detail::event_handle e = nullptr;
+  ASSERT_OK(drv->event_create(&e));
+  int refused = 0;
+  for (int passed = 0; passed < 6; ++passed) {
+    bool threw = false;
+    t_refuse_any_caller = true;
+    g_throwing_news.to_pass = passed;
+    g_throwing_news.to_fail = 1;
+    try {
+      (void)drv->event_record(e, s);
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    g_throwing_news.to_fail = 0;
+    g_throwing_news.to_pass = 0;
+    t_refuse_any_caller = false;
+    refused += threw ? 1 : 0;
+    ASSERT_OK(drv->stream_synchronize(s));
+    bool done = false;
+    ASSERT_OK(drv->event_query(e, &done));
+    EXPECT_TRUE(done) << "the event waits for a record refused at allocation " << passed;
+  }
+  EXPECT_LE(2, refused) << "the record's allocations were not refused";
+  drv->event_destroy(e);
+  EXPECT_OK(drv->stream_destroy(s));
 }
 
 TEST(HostMemoryExhaustion, AThreadsFirstFailureIsReportedWithoutHostMemory) {

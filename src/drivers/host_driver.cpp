@@ -146,12 +146,12 @@ class host_driver final : public driver {
     std::shared_ptr<host_stream> hs;
     ARCPOOL_RETURN_IF_ERROR(resolve_for_work(s, "event_record", &hs));
     auto marker = std::make_shared<host_marker>(hs);
-    auto* ev = static_cast<host_event*>(e);
-    {
-      std::lock_guard<std::mutex> lock(ev->mutex);
-      ev->last = marker;
-    }
+    // Queued before it is published: a record refused for host memory (a throw) leaves the
+    // event as it was, as a failed cudaEventRecord does, not waiting for a marker never queued.
     hs->enqueue([marker] { marker->complete(); });
+    auto* ev = static_cast<host_event*>(e);
+    std::lock_guard<std::mutex> lock(ev->mutex);
+    ev->last = std::move(marker);
     return ARCPOOL_STATUS_SUCCESS;
   }
 
