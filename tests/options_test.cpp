@@ -126,6 +126,17 @@ TEST(Options, AnUnknownEnvironmentDriverIsRejected) {
   EXPECT_NE(std::string(arcpool_last_error()).find("tpu"), std::string::npos);
 }
 
+// arcpool_auto_driver reads ARCPOOL_DRIVER as creation does: a value naming no driver resolves
+// to nothing, with creation's message, not to the driver creation would refuse to make.
+TEST(Options, AutoDriverNamesNoDriverForAnUnknownEnvironmentDriver) {
+  scoped_env env("ARCPOOL_DRIVER", "tpu");
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(nullptr, nullptr))
+      << "another message first";
+  EXPECT_EQ(ARCPOOL_DRIVER_AUTO, arcpool_auto_driver(0));
+  EXPECT_NE(std::string(arcpool_last_error()).find("ARCPOOL_DRIVER=tpu"), std::string::npos)
+      << arcpool_last_error();
+}
+
 TEST(Options, AutoPicksCudaWhenUsableElseHost) {
   scoped_env env("ARCPOOL_DRIVER", "");
   arcpool_allocator_t* a = nullptr;

@@ -127,8 +127,9 @@ ARCPOOL_API const char* arcpool_driver_name(arcpool_driver_kind_t kind);
 
 /** The driver ARCPOOL_DRIVER_AUTO resolves to for `device` (ARCPOOL_DRIVER first, then CUDA if
  * any device is usable, else host: the same for every device; an allocator for a device that
- * cannot serve then fails with NO_DEVICE), without creating anything. May initialize the CUDA
- * runtime. */
+ * cannot serve then fails with NO_DEVICE), without creating anything. ARCPOOL_DRIVER_AUTO when
+ * ARCPOOL_DRIVER names no driver: arcpool_last_error() says why, and creating an allocator with
+ * AUTO fails with INVALID_ARGUMENT. May initialize the CUDA runtime. */
 ARCPOOL_API arcpool_driver_kind_t arcpool_auto_driver(int device);
 
 /** Where an allocator's cudaMemPool_t comes from. */

@@ -24,12 +24,19 @@ __all__ = ["VERSION", "ArcpoolError", "driver", "stats", "stream_stats", "reset_
 
 VERSION = _lib.lib.arcpool_version()
 
+_DRIVER_AUTO = 0  # ARCPOOL_DRIVER_AUTO (arcpool.h)
+_STATUS_INVALID_ARGUMENT = 1  # ARCPOOL_STATUS_INVALID_ARGUMENT (arcpool.h)
+
 
 def driver(device=0):
     """The driver ARCPOOL_DRIVER_AUTO resolves to for `device` ("cuda", "host"), without
     creating an allocator: "cuda" whenever any device is usable (an allocator for a device
-    that cannot serve then fails), "host" on a machine without one."""
-    return _lib.lib.arcpool_driver_name(_lib.lib.arcpool_auto_driver(device)).decode()
+    that cannot serve then fails), "host" on a machine without one. ArcpoolError when
+    ARCPOOL_DRIVER names no driver."""
+    kind = _lib.lib.arcpool_auto_driver(device)
+    if kind == _DRIVER_AUTO:
+        raise ArcpoolError(_STATUS_INVALID_ARGUMENT, "arcpool_auto_driver")
+    return _lib.lib.arcpool_driver_name(kind).decode()
 
 
 # Keys shared with torch.cuda.memory_stats() where the meaning is the same; every arcpool

@@ -64,10 +64,12 @@ arcpool_status_t driver::imported_free(void* p, stream_handle s) {
   return no_ipc(*this, "imported free");
 }
 
-arcpool_driver_kind_t resolve_auto_driver() {
+arcpool_driver_kind_t resolve_auto_driver(bool* from_environment) {
   if (const char* env = std::getenv("ARCPOOL_DRIVER"); env != nullptr && *env != '\0') {
+    if (from_environment != nullptr) *from_environment = true;
     if (std::strcmp(env, "cuda") == 0) return ARCPOOL_DRIVER_CUDA;
     if (std::strcmp(env, "host") == 0) return ARCPOOL_DRIVER_HOST;
+    fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "ARCPOOL_DRIVER=%s: expected 'cuda' or 'host'", env);
     return ARCPOOL_DRIVER_AUTO;
   }
   return cuda_any_device_usable() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
@@ -77,20 +79,8 @@ arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver
   arcpool_driver_kind_t kind = config.kind;
   bool from_environment = false;
   if (kind == ARCPOOL_DRIVER_AUTO) {
-    if (const char* env = std::getenv("ARCPOOL_DRIVER"); env != nullptr && *env != '\0') {
-      if (std::strcmp(env, "cuda") == 0) {
-        kind = ARCPOOL_DRIVER_CUDA;
-      } else if (std::strcmp(env, "host") == 0) {
-        kind = ARCPOOL_DRIVER_HOST;
-      } else {
-        return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "ARCPOOL_DRIVER=%s: expected 'cuda' or 'host'",
-                    env);
-      }
-      from_environment = true;
-    }
-  }
-  if (kind == ARCPOOL_DRIVER_AUTO) {
-    kind = cuda_any_device_usable() ? ARCPOOL_DRIVER_CUDA : ARCPOOL_DRIVER_HOST;
+    kind = resolve_auto_driver(&from_environment);
+    if (kind == ARCPOOL_DRIVER_AUTO) return ARCPOOL_STATUS_INVALID_ARGUMENT;  // with its message
   }
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
   switch (kind) {

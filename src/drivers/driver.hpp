@@ -205,11 +205,12 @@ class driver {
   }
 };
 
-/// What AUTO resolves to: ARCPOOL_DRIVER if set (ARCPOOL_DRIVER_AUTO when it names no driver),
-/// else CUDA when any device is usable, else host. Never host for a device that does not exist
-/// or cannot pool memory on a machine with a usable one: the CUDA driver refuses it (NO_DEVICE),
-/// where host memory would reach a framework as device memory.
-arcpool_driver_kind_t resolve_auto_driver();
+/// What AUTO resolves to: ARCPOOL_DRIVER if set (ARCPOOL_DRIVER_AUTO, with an INVALID_ARGUMENT
+/// message naming the value, when it names no driver), else CUDA when any device is usable, else
+/// host. Never host for a device that does not exist or cannot pool memory on a machine with a
+/// usable one: the CUDA driver refuses it (NO_DEVICE), where host memory would reach a framework
+/// as device memory. Sets `*from_environment` (when given) if ARCPOOL_DRIVER decided.
+arcpool_driver_kind_t resolve_auto_driver(bool* from_environment = nullptr);
 
 /// Resolves AUTO (and ARCPOOL_DRIVER) and creates the driver `config` asks for.
 arcpool_status_t make_driver(const driver_config& config, std::unique_ptr<driver>* out);

@@ -36,6 +36,18 @@ class ArcpoolPackage(unittest.TestCase):
             check=True)
         self.assertEqual("host", out.stdout.strip())
 
+    def test_an_environment_driver_naming_no_driver_is_an_error(self):
+        code = ("import arcpool\n"
+                "try:\n"
+                "    arcpool.driver()\n"
+                "except arcpool.ArcpoolError as e:\n"
+                "    print(e.status, e)\n")
+        out = subprocess.run([sys.executable, "-c", code],
+                             env=dict(os.environ, ARCPOOL_DRIVER="tpu"), capture_output=True,
+                             text=True, check=True)
+        self.assertIn("ARCPOOL_STATUS_INVALID_ARGUMENT", out.stdout)
+        self.assertIn("ARCPOOL_DRIVER=tpu", out.stdout)
+
     def test_by_pointer_allocations_count_in_the_stats(self):
         lib = arcpool._lib.lib
         device = 0
