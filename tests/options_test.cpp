@@ -95,6 +95,43 @@ TEST(Options, BadFieldsAreRejected) {
   EXPECT_EQ(nullptr, a);
 }
 
+// The peer list is checked on every driver: on the host drivers a list the CUDA driver refuses
+// was accepted (design.md §10: bad options are INVALID_ARGUMENT naming the field).
+TEST(Options, APeerListNamingNoOtherDeviceIsRejectedOnEveryDriver) {
+  for (const arcpool_driver_kind_t driver : {ARCPOOL_DRIVER_HOST, ARCPOOL_DRIVER_NULL}) {
+    for (const int peer : {-1, 0}) {
+      arcpool_allocator_t* a = nullptr;
+      auto o = defaults();
+      o.driver = driver;
+      o.peer_devices = &peer;
+      o.peer_device_count = 1;
+      EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_allocator_create(&o, &a))
+          << arcpool_driver_name(driver) << ", peer " << peer;
+      EXPECT_EQ(nullptr, a);
+      EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "peer_devices[0]"))
+          << arcpool_last_error();
+      arcpool_allocator_destroy(a);
+    }
+  }
+}
+
+// ARCPOOL_PEER_ACCESS takes 0 or 1: another value ("yes", "true") left the peers without access,
+// with no word, until a peer's kernel faulted on the memory.
+TEST(Options, APeerAccessEnvironmentOtherThanZeroOrOneIsRejected) {
+  ASSERT_OK(arcpool_default_allocator_set(0, nullptr));  // device 0's next default is made anew
+  {
+    scoped_env env("ARCPOOL_PEER_ACCESS", "yes");
+    EXPECT_EQ(nullptr, arcpool_malloc_async(256, 0, nullptr));
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "ARCPOOL_PEER_ACCESS=yes"))
+        << arcpool_last_error();
+  }
+  scoped_env env("ARCPOOL_PEER_ACCESS", "0");
+  void* p = arcpool_malloc_async(256, 0, nullptr);
+  EXPECT_NE(nullptr, p) << arcpool_last_error();
+  EXPECT_OK(arcpool_free_async(p, 256, 0, nullptr));
+  EXPECT_OK(arcpool_default_allocator_set(0, nullptr));
+}
+
 TEST(Options, AnEventPoolCapacityAboveItsBoundIsRejected) {
   // SIZE_MAX ("no bound") would make a thread's first fence reserve more than a vector can
   // hold: std::length_error in a noexcept function, which ends the process.

@@ -57,6 +57,19 @@ void reclaim_retired(default_table& t) noexcept {
     a->release_elsewhere();
 }
 
+/// ARCPOOL_PEER_ACCESS=1: every device that can reach a default allocator's device may use its
+/// memory, as frameworks' peer copies need (PyTorch's cudaDeviceEnablePeerAccess leaves pools
+/// alone). 0, empty or unset: no peer. Anything else is refused: a value read as "off" would
+/// show up only as a peer's fault.
+arcpool_status_t peer_access_from_environment(bool* out) {
+  const char* value = std::getenv("ARCPOOL_PEER_ACCESS");
+  *out = value != nullptr && std::strcmp(value, "1") == 0;
+  if (value == nullptr || *value == '\0' || *out || std::strcmp(value, "0") == 0) {
+    return ARCPOOL_STATUS_SUCCESS;
+  }
+  return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "ARCPOOL_PEER_ACCESS=%s: expected 0 or 1", value);
+}
+
 }  // namespace
 
 default_lookup::default_lookup(int device) noexcept {
@@ -105,10 +118,7 @@ arcpool_status_t default_allocator(int device, allocator** out, bool create) {
     arcpool_allocator_options_init(&options);
     options.device = device;
     ARCPOOL_RETURN_IF_ERROR(resolve_options(&options, &config));
-    // ARCPOOL_PEER_ACCESS=1: every device that can reach this one may use its memory, as
-    // frameworks' peer copies need (PyTorch's cudaDeviceEnablePeerAccess leaves pools alone).
-    const char* peers = std::getenv("ARCPOOL_PEER_ACCESS");
-    config.driver.all_reachable_peers = peers != nullptr && std::strcmp(peers, "1") == 0;
+    ARCPOOL_RETURN_IF_ERROR(peer_access_from_environment(&config.driver.all_reachable_peers));
     ARCPOOL_RETURN_IF_ERROR(allocator::create(config, &slot));
     if (device < kLockFreeDevices) t.published[device].store(slot, std::memory_order_seq_cst);
   }

@@ -62,6 +62,15 @@ arcpool_status_t resolve_options(const arcpool_allocator_options_t* options,
                 "allocator options: peer_device_count %zu with peer_devices NULL",
                 o.peer_device_count);
   }
+  // On every driver: a list the CUDA driver would refuse is refused on the host drivers too.
+  // (Whether a peer exists and can reach the device only the CUDA driver can tell.)
+  for (size_t i = 0; i < o.peer_device_count; ++i) {
+    const int peer = o.peer_devices[i];
+    if (peer < 0 || peer == o.device) {
+      return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "allocator options: peer_devices[%zu] is %d, %s",
+                  i, peer, peer < 0 ? "not a device" : "the pool's own device");
+    }
+  }
   if (o.event_pool_capacity > ARCPOOL_MAX_EVENT_POOL_CAPACITY) {
     return fail(
         ARCPOOL_STATUS_INVALID_ARGUMENT,
