@@ -68,6 +68,23 @@ TEST_P(StreamCache, ACachedBlockWhoseFreeFailsAtAFlushIsCountedAsAReclaimFailure
   EXPECT_EQ(0u, st.bytes_cached_current);
 }
 
+/// A deallocation whose free fails after its commit (a broken context) loses the block: counted
+/// in reclaim_failures, as at a flush. It was counted nowhere (neither a free nor a failure).
+TEST_P(StreamCache, ADeallocationsFreeThatFailsAfterTheCommitIsCountedAsAReclaimFailure) {
+  if (GetParam().kind != ARCPOOL_DRIVER_CUDA || !on_simcuda()) {
+    GTEST_SKIP() << "fails the deallocation's free with simcuda_fail_next";
+  }
+  constexpr size_t kUncached = size_t{2} << 20;  // above the cache's largest block
+  arcpool_allocation_t* a = allocate(kUncached, s_);
+  ASSERT_TRUE(simcuda_fail_next("cudaFreeAsync", cudaErrorInvalidValue));
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_deallocate_async(a, s_, 0));
+  arcpool_allocation_release(a);
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(0u, st.frees);
+  EXPECT_EQ(1u, st.reclaim_failures) << "a failed free after the commit went uncounted";
+  EXPECT_EQ(0u, st.bytes_held_current);
+}
+
 TEST_P(StreamCache, ATrimWaitingForABusyStreamHoldsUpNoStreamCreationOrRetirement) {
   ARCPOOL_SKIP_ON_DETERMINISTIC("the trim waits on a thread of its own");
   // A trim (and an out-of-memory retry) waits for arcpool's streams; creating, registering,

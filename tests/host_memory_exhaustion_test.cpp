@@ -101,6 +101,22 @@ failing_news g_throwing_news;
 /// Set on a thread whose every throwing allocation g_throwing_news may refuse, the standard
 /// library's own included (std::string's code is in libstdc++, not in arcpool's object).
 thread_local bool t_refuse_any_caller = false;
+/// Set while g_throwing_news refuses only the allocations of threads with t_refused_thread set
+/// (a test whose streams' workers allocate meanwhile, where a refusal ends the process).
+std::atomic<bool> g_refuse_marked_threads_only{false};
+thread_local bool t_refused_thread = false;
+
+/// For its scope, g_throwing_news refuses only the calling thread's allocations.
+struct refusing_this_thread_only {
+  refusing_this_thread_only() {
+    t_refused_thread = true;
+    g_refuse_marked_threads_only = true;
+  }
+  ~refusing_this_thread_only() {
+    g_refuse_marked_threads_only = false;
+    t_refused_thread = false;
+  }
+};
 
 /// The throwing operator new that this program replaces: the next definition in the process
 /// (the sanitizer runtime's, or the C++ library's), so that delete matches. Looked up at the
@@ -128,6 +144,7 @@ bool called_by_arcpool(const void* return_address) noexcept {
 void* operator new(std::size_t bytes) {
   const throwing_new next = next_new();
   if (next == nullptr || (g_throwing_news.to_fail.load() > 0 &&
+                          (t_refused_thread || !g_refuse_marked_threads_only.load()) &&
                           (t_refuse_any_caller || called_by_arcpool(__builtin_return_address(0))) &&
                           g_throwing_news.take())) {
     throw std::bad_alloc();
@@ -399,6 +416,67 @@ TEST(HostMemoryExhaustion, AByPointerFreeWhosePoolFreeCannotBeQueuedIsWrittenOff
   EXPECT_EQ(1u, st.reclaim_failures);
   EXPECT_EQ(0u, st.frees) << "a block written off counted as freed";
   EXPECT_OK(arcpool_stream_destroy(alloc, s));
+  arcpool_allocator_destroy(alloc);
+}
+
+/// The sum of `alloc`'s per-stream rows' cross_stream_frees.
+uint64_t rows_cross_stream_frees(arcpool_allocator_t* alloc) {
+  std::vector<arcpool_stream_stats_t> rows(ARCPOOL_STREAM_STATS_ROWS + 1);
+  size_t count = 0;
+  EXPECT_OK(arcpool_stream_stats_list(alloc, rows.data(), sizeof(rows[0]), rows.size(), &count));
+  uint64_t sum = 0;
+  for (size_t i = 0; i < count && i < rows.size(); ++i)
+    sum += rows[i].cross_stream_frees;
+  return sum;
+}
+
+TEST(HostMemoryExhaustion, ACrossStreamFreeWrittenOffCountsOnNoRow) {
+  // A cross-stream free whose pool free the host driver cannot queue (no host memory, after the
+  // commit) is written off: counted in reclaim_failures, not as a free. The origin's row counted
+  // it as a cross-stream free all the same, and the rows no longer added up to the total.
+  // Each free is refused at a later host allocation, by either route to the pool.
+  arcpool_allocator_t* alloc = allocator_on(ARCPOOL_DRIVER_HOST);
+  ASSERT_NE(nullptr, alloc);
+  arcpool_stream_t origin = nullptr, caller = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc, &origin));
+  ASSERT_OK(arcpool_stream_create(alloc, &caller));
+  constexpr size_t kUncached = size_t{2} << 20;  // above the cache's largest block
+  // The host streams' workers allocate while they wait: only this thread is refused.
+  const refusing_this_thread_only only_here;
+  int written_off = 0;
+  for (const uint32_t flags : {uint32_t{ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN},
+                               uint32_t{ARCPOOL_DEALLOCATE_FLAG_WAIT_AND_FREE}}) {
+    for (int passed = 0; passed < 12; ++passed) {
+      arcpool_allocation_t* a = nullptr;
+      {
+#if defined(__SANITIZE_ADDRESS__)
+        __lsan::ScopedDisabler leaks_expected;  // a refused free writes the block off
+#endif
+        ASSERT_OK(arcpool_allocate_async(alloc, kUncached, 0, origin, 0, &a));
+      }
+      ASSERT_OK(arcpool_stream_synchronize(alloc, origin));
+      const uint64_t failures_before = stats_of(alloc).reclaim_failures;
+      g_throwing_news.to_pass = passed;
+      g_throwing_news.to_fail = 1;
+      const arcpool_status_t status = arcpool_deallocate_async(a, caller, flags);
+      g_throwing_news.to_fail = 0;
+      g_throwing_news.to_pass = 0;
+      if (status != ARCPOOL_STATUS_SUCCESS) {  // refused before the commit: nothing changed
+        EXPECT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+        EXPECT_OK(arcpool_deallocate_async(a, caller, flags));
+      }
+      arcpool_allocation_release(a);
+      ASSERT_OK(arcpool_stream_synchronize(alloc, origin));
+      ASSERT_OK(arcpool_stream_synchronize(alloc, caller));
+      const arcpool_stats_t st = stats_of(alloc);
+      written_off += st.reclaim_failures > failures_before ? 1 : 0;
+      EXPECT_EQ(st.cross_stream_frees, rows_cross_stream_frees(alloc))
+          << "flags " << flags << ", refused after " << passed << " host allocations";
+    }
+  }
+  EXPECT_LE(2, written_off) << "no free was written off: the test no longer tests anything";
+  EXPECT_OK(arcpool_stream_destroy(alloc, origin));
+  EXPECT_OK(arcpool_stream_destroy(alloc, caller));
   arcpool_allocator_destroy(alloc);
 }
 

@@ -205,20 +205,22 @@ arcpool_status_t allocator::free_block(allocation& a, stream_handle target,
   if (recording) history_.segment_free(a.placement.base, target);
   // Only a broken context fails here, after the commit: the block is then lost with it. The
   // host driver queues the free as host work, which may find no host memory: the block is
-  // written off then and counted, as at a flush or in the reclaimer, and the free stands.
+  // written off then, and the free stands. Either is counted, as at a flush or in the reclaimer.
   arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
   bool queued = true;
   try {
     status = driver_->pool_free(a.placement.base, a.placement.held_bytes, target);
   } catch (const std::bad_alloc&) {
     queued = false;
-    st.count(stat::reclaim_failures);
   }
-  if (freed != nullptr) *freed = queued;
+  const bool given_back = queued && status == ARCPOOL_STATUS_SUCCESS;
+  if (freed != nullptr) *freed = given_back;
   if (!a.graph()) st.sub(stat::bytes_held, static_cast<int64_t>(a.placement.held_bytes));
-  if (queued && status == ARCPOOL_STATUS_SUCCESS) {
+  if (given_back) {
     st.count(stat::frees);
     st.count(route_counter);
+  } else {
+    st.count(stat::reclaim_failures);
   }
   return status;
 }
@@ -307,8 +309,10 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
         bool routed = false;
         ARCPOOL_RETURN_IF_ERROR(commit_and_free(a, caller, force, implicit, h, cache_for(origin),
                                                 fences, stat::cross_stream_frees, &routed));
-        stream_stats_of(origin).cross_stream_free();
-        if (routed) stats_.count(stat::origin_routed_frees);
+        if (routed) {  // counted as the total is: not a free written off
+          stream_stats_of(origin).cross_stream_free();
+          stats_.count(stat::origin_routed_frees);
+        }
         return ARCPOOL_STATUS_SUCCESS;
       });
       if (freed && !origin_capturing) return *freed;
@@ -326,7 +330,7 @@ arcpool_status_t allocator::finish_deallocation(allocation& a, const stream_ref&
     ARCPOOL_RETURN_IF_ERROR(
         commit_and_free(a, caller, force, implicit, caller.handle, cache_for(caller), fences,
                         cross_stream ? stat::cross_stream_frees : stat::same_stream_frees, &freed));
-    if (cross_stream) stream_stats_of(origin).cross_stream_free();
+    if (cross_stream && freed) stream_stats_of(origin).cross_stream_free();
     if (fell_back && freed) stats_.count(stat::origin_fallbacks);
     return ARCPOOL_STATUS_SUCCESS;
   }
