@@ -116,21 +116,33 @@ class CupyHooksOnSimcuda(unittest.TestCase):
 
         self.malloc = arcpool.cupy.install()
         _take_violations()
+        # A free that fails warns in __del__, where an exception (warnings as errors) would only
+        # be printed: every warning is recorded instead, and fails the test at its end.
+        self._recording = warnings.catch_warnings(record=True)
+        self._warned = self._recording.__enter__()
+        warnings.simplefilter("always")
 
     def tearDown(self):
         _Stream.current = None
+        gc.collect()  # arrays of the test die now, warning here if their free fails
+        self._recording.__exit__(None, None, None)
         if self._saved is None:
             sys.modules.pop("cupy", None)
         else:
             sys.modules["cupy"] = self._saved
+        self.assertEqual([], [str(w.message) for w in self._warned])
 
     def test_an_array_that_outlives_its_stream_is_freed_without_touching_it(self):
         # As in test_cupy.py: allocate under `with stream:`, leave it, drop the stream, and the
         # array dies later, freed on the then-current (null) stream.
+        from arcpool import cupy as arcpool_cupy
+
         _Stream.current = _Stream()
+        before = arcpool_cupy.stats()["allocated_bytes.all.current"]
         array = self.malloc(1 << 20)
         _Stream.current = None  # the stream object's last reference: CuPy would destroy it here
         del array  # the free runs on the null stream
+        self.assertEqual(before, arcpool_cupy.stats()["allocated_bytes.all.current"])
         self.assertEqual("", _take_violations())
 
     def test_running_out_of_memory_is_cupys_out_of_memory_error(self):
@@ -156,9 +168,7 @@ class CupyHooksOnSimcuda(unittest.TestCase):
         capturing = _Stream()
         self.assertEqual(0, RUNTIME.cudaStreamBeginCapture(ctypes.c_void_p(capturing.ptr), 1))
         _Stream.current = capturing
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a warning fails the test
-            del array
+        del array  # a warning fails the test (tearDown)
         _Stream.current = None
         graph = ctypes.c_void_p()
         self.assertEqual(0, RUNTIME.cudaStreamEndCapture(ctypes.c_void_p(capturing.ptr),
