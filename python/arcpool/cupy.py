@@ -108,15 +108,16 @@ def _capture_into_graph_pools(cupy):
     and the capture is bound to a new graph pool, whose handle is released at the end (the pool
     lives on while its graph and its blocks do)."""
     lib = _lib.lib
-    # (device, stream pointer) -> (allocator, pool), from begin_capture until end_capture. Keyed
-    # by the CUDA stream, not the object: CuPy lets several objects share one ("the ptr may be
-    # shared between multiple Stream instances", _BaseStream.__eq__), and a capture begun
-    # through one may end through another.
+    # stream pointer -> (allocator, pool), from begin_capture until end_capture. Keyed by the
+    # CUDA stream, not the object: CuPy lets several objects share one ("the ptr may be shared
+    # between multiple Stream instances", _BaseStream.__eq__), and a capture begun through one
+    # may end through another. Not by its device: an ExternalStream's (device_id -1) is the
+    # current device, which the captured code may change before the end. A CUDA stream handle
+    # names one stream in the process.
     captures = {}
 
-    def key(stream):
-        device = stream.device_id if stream.device_id >= 0 else cupy.cuda.Device().id
-        return device, stream.ptr
+    def device_of(stream):
+        return stream.device_id if stream.device_id >= 0 else cupy.cuda.Device().id
 
     def undo(stream, allocator, pool):
         """Unbinds, releases and unregisters; the first failure's status, or 0."""
@@ -133,8 +134,7 @@ def _capture_into_graph_pools(cupy):
         def begin_capture(self, mode=None):
             if self.ptr in (0, 1, 2):  # the legacy and per-thread default streams: left to CuPy
                 return begin(self, mode)
-            device, _ = key(self)
-            allocator = _lib.default_allocator(device)
+            allocator = _lib.default_allocator(device_of(self))
             pool = ctypes.c_void_p()
             _lib.check(lib.arcpool_graph_pool_create(allocator, ctypes.byref(pool)),
                        "arcpool_graph_pool_create")
@@ -157,10 +157,10 @@ def _capture_into_graph_pools(cupy):
                     lib.arcpool_graph_pool_release(pool)
                     lib.arcpool_stream_unregister(allocator, self.ptr)
                 raise error
-            captures[key(self)] = (allocator, pool)
+            captures[self.ptr] = (allocator, pool)
 
         def end_capture(self):
-            allocator, pool = captures.pop(key(self), (None, None))
+            allocator, pool = captures.pop(self.ptr, (None, None))
             if allocator is None:
                 return end(self)
             try:

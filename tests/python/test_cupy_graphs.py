@@ -70,8 +70,9 @@ def _stand_in_cupy(runtime):
     class ExternalStream(_BaseStream):
         pass
 
+    current = types.SimpleNamespace(id=0)  # the current device, which a test may change
     cuda = types.SimpleNamespace(Stream=Stream, ExternalStream=ExternalStream,
-                                 Device=lambda: types.SimpleNamespace(id=0))
+                                 Device=lambda: current, current_device=current)
     return types.SimpleNamespace(cuda=cuda)
 
 
@@ -165,6 +166,23 @@ class CuPyCaptureIntoGraphPools(unittest.TestCase):
         self.runtime.call("cudaStreamSynchronize", ctypes.c_void_p(s.ptr))
         self.runtime.call("cudaStreamDestroy", ctypes.c_void_p(s.ptr))
 
+
+    def test_a_capture_ended_on_another_current_device_is_undone(self):
+        # An ExternalStream's device_id is -1 by default: the current device, which the code in
+        # the capture may change. The capture was looked up by (current device, stream) at its
+        # end, and missed: left registered for ever, its graph pool bound.
+        s = self.cupy.cuda.ExternalStream(self.runtime.stream(), device_id=-1)
+        s.begin_capture()
+        self.cupy.cuda.current_device.id = 1
+        try:
+            graph = s.end_capture()
+        finally:
+            self.cupy.cuda.current_device.id = 0
+        self.runtime.call("cudaGraphDestroy", ctypes.c_void_p(graph))
+        self.assertNotEqual(0, self.lib.arcpool_stream_unregister(
+            arcpool._lib.default_allocator(0), s.ptr), "still registered after the capture")
+        self.runtime.call("cudaStreamSynchronize", ctypes.c_void_p(s.ptr))
+        self.runtime.call("cudaStreamDestroy", ctypes.c_void_p(s.ptr))
 
     def test_a_capture_ended_through_another_object_of_its_stream_is_undone(self):
         # CuPy lets several objects share one stream ("the ptr may be shared between multiple
