@@ -29,7 +29,8 @@ class _Block:
     It also holds the CuPy stream it was allocated on: cupy.cuda.Stream destroys its CUDA stream
     in __del__, and arrays routinely outlive their stream, but arcpool's free fences the
     allocation's stream (its current stream, which the caller must keep alive). Holding the
-    object keeps that stream alive until the free has returned.
+    object keeps that stream alive until the free has returned. An ExternalStream owns no CUDA
+    stream: its owner must keep the stream alive until the arrays made on it are freed.
     """
 
     def __init__(self, cupy, pointer, size, device, stream):
