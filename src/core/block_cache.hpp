@@ -103,8 +103,12 @@ class block_cache {
   static size_t slot(size_t bytes) noexcept { return (bytes * 0x9E3779B97F4A7C15ull) >> 58; }
 
   bin* find(size_t bytes) noexcept {
+    if (bins_[last_].size == bytes) return &bins_[last_];  // a stream's sizes repeat
     for (size_t i = 0, s = slot(bytes); i < kProbes; ++i, s = (s + 1) % kBins) {
-      if (bins_[s].size == bytes) return &bins_[s];
+      if (bins_[s].size == bytes) {
+        last_ = s;
+        return &bins_[s];
+      }
     }
     return nullptr;
   }
@@ -120,6 +124,7 @@ class block_cache {
   }
 
   spinlock lock_;
+  size_t last_ = 0;  ///< the bin found last: tried first
   bin bins_[kBins];
   size_t bytes_ = 0;
   bool closed_ = false;
