@@ -85,6 +85,25 @@ TEST_P(StreamCache, ADeallocationsFreeThatFailsAfterTheCommitIsCountedAsAReclaim
   EXPECT_EQ(0u, st.bytes_held_current);
 }
 
+/// The same failure at a leaked allocation's implicit free (its last reference released without
+/// a deallocation) is counted once: counted where the free failed, it was counted again by the
+/// last reference.
+TEST_P(StreamCache, ALeakedAllocationsFreeThatFailsAfterTheCommitIsCountedOnce) {
+  if (GetParam().kind != ARCPOOL_DRIVER_CUDA || !on_simcuda()) {
+    GTEST_SKIP() << "fails the implicit free with simcuda_fail_next";
+  }
+  constexpr size_t kUncached = size_t{2} << 20;  // above the cache's largest block
+  arcpool_allocation_t* a = allocate(kUncached, s_);
+  ASSERT_TRUE(simcuda_fail_next("cudaFreeAsync", cudaErrorInvalidValue));
+  arcpool_allocation_release(a);  // leaked: the last reference frees it
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(1u, st.implicit_frees) << "committed, then its free failed";
+  EXPECT_EQ(0u, st.frees);
+  EXPECT_EQ(1u, st.reclaim_failures) << "one failure, counted twice";
+  EXPECT_EQ(0u, st.bytes_held_current);
+  EXPECT_EQ(0u, st.allocations_in_use_current);
+}
+
 TEST_P(StreamCache, ATrimWaitingForABusyStreamHoldsUpNoStreamCreationOrRetirement) {
   ARCPOOL_SKIP_ON_DETERMINISTIC("the trim waits on a thread of its own");
   // A trim (and an out-of-memory retry) waits for arcpool's streams; creating, registering,

@@ -186,6 +186,28 @@ TEST_P(GraphCapture, AFreeOnAnotherCapturedStreamFollowsTheCurrentStreamsCapture
   EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
 }
 
+// A graph's free node that fails after the deallocation's commit (a broken context) is counted in
+// reclaim_failures, as a free's failure after its commit is outside captures; it was counted
+// nowhere.
+TEST_P(GraphCapture, AFreeNodeThatFailsAfterTheCommitIsCountedAsAReclaimFailure) {
+  if (!on_simcuda()) GTEST_SKIP() << "fails the free node with simcuda_fail_next";
+  arcpool_stream_t s = make_stream();
+  begin(s);
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  ASSERT_TRUE(is_graph_memory(a));
+  ASSERT_TRUE(simcuda_fail_next("cudaFreeAsync", cudaErrorInvalidValue));
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  const arcpool_stats_t st = stats();
+  EXPECT_EQ(0u, st.graph_frees);
+  EXPECT_EQ(1u, st.reclaim_failures);
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(cu(s), &graph);  // the capture may have been invalidated
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  take_simcuda_violations();  // the graph's allocation is left unfreed on purpose
+}
+
 TEST_P(GraphCapture, GraphMemoryTheGraphDoesNotFreeIsFreedOutsideAfterALaunch) {
   arcpool_stream_t s = make_stream();
   begin(s);

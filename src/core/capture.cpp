@@ -231,7 +231,7 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
         a.placement.size == 0
             ? ARCPOOL_STATUS_SUCCESS
             : driver_->pool_free(a.placement.base, a.placement.held_bytes, caller.handle);
-    if (status == ARCPOOL_STATUS_SUCCESS) st.count(stat::graph_frees);
+    st.count(status == ARCPOOL_STATUS_SUCCESS ? stat::graph_frees : stat::reclaim_failures);
     return status;
   }
 

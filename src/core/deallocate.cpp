@@ -482,16 +482,15 @@ void allocator::free_at_last_reference(allocation* a) noexcept {
         status = finish_on_current(*a, /*implicit=*/true, lock);
       } catch (const std::exception&) {
       }
-      if (status != ARCPOOL_STATUS_SUCCESS) {
+      // Refused before its commit: counted here, and the allocation goes with its record all
+      // the same, off the gauges, its memory written off. A graph pool's block stays in the
+      // allocator's pool as well: its pool's reference goes, so that the pool, and then the
+      // allocator, can still be released. (A failure after the commit was counted where it
+      // happened: commit_and_free, a graph's free node.)
+      if (status != ARCPOOL_STATUS_SUCCESS && !a->ended()) {
         stats_.count(stat::reclaim_failures);
-        if (!a->ended()) {
-          // Refused before its commit: the allocation goes with its record all the same, off
-          // the gauges, its memory written off. A graph pool's block stays in the allocator's
-          // pool as well: its pool's reference goes, so that the pool, and then the allocator,
-          // can still be released.
-          write_off_leaked(*a);
-          if (graph_pool* lender = a->lender(); lender != nullptr) lender->abandon();
-        }
+        write_off_leaked(*a);
+        if (graph_pool* lender = a->lender(); lender != nullptr) lender->abandon();
       }
       if (!lock.owns_lock()) lock.lock();
     }
