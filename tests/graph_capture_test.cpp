@@ -280,32 +280,6 @@ TEST_P(GraphCapture, EarlierMemoryFreedDuringCaptureIsReclaimedOnlyAfterTheGraph
   EXPECT_EQ("", take_simcuda_violations());
 }
 
-// Memory last used on the legacy default stream, freed in a capture of a blocking stream: while a
-// blocking stream of its device captures, the legacy stream can neither be asked whether it
-// captures (cudaStreamIsCapturing: "if this is called on cudaStreamLegacy [...] while a blocking
-// stream on the same device is capturing, it will return cudaErrorStreamCaptureImplicit") nor
-// take work. It is fenced after the graph's end, as a capturing stream is. The free was refused,
-// and CuPy's hook (an array of the null stream collected in a capture of a cupy.cuda.Stream(),
-// blocking by default) left the memory allocated for ever.
-TEST_P(GraphCapture, LegacyStreamMemoryFreedInABlockingStreamsCaptureIsFreedAfterTheGraph) {
-  cudaStream_t raw = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaStreamCreate(&raw));  // blocking: ordered with the legacy stream
-  const auto blocking = reinterpret_cast<arcpool_stream_t>(raw);
-  ASSERT_OK(arcpool_stream_register(alloc_, blocking));
-  arcpool_allocation_t* a = allocate(kBytes, nullptr);  // the legacy default stream
-  begin(blocking);
-  EXPECT_OK(arcpool_deallocate_async(a, blocking, 0));
-  arcpool_allocation_release(a);
-  EXPECT_EQ(1u, stats().graph_deferred_frees);
-  cudaGraph_t graph = end(blocking);
-  ASSERT_NE(nullptr, graph);
-  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(graph));
-  await_posted_tasks();
-  finish_and_expect_nothing_held();
-  EXPECT_OK(arcpool_stream_unregister(alloc_, blocking));
-  EXPECT_EQ(cudaSuccess, cudaStreamDestroy(raw));
-}
-
 // A use on another thread's per-thread default stream took its fence when it was recorded, for
 // this thread cannot name that stream: a free during capture waits for that fence, as a free
 // outside capture does (design.md §6). It was dropped, and the block freed under the use.

@@ -269,17 +269,8 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
       return ARCPOOL_STATUS_SUCCESS;
     }
     bool capturing = true;
-    if (s.id != caller.id) {
-      const arcpool_status_t asked = driver_->stream_is_capturing(s.handle, &capturing);
-      if (asked == ARCPOOL_STATUS_UNSUPPORTED && s.kind == stream_kind::legacy_default) {
-        // While a blocking stream of its device captures, the legacy stream can neither be
-        // asked (cudaStreamIsCapturing: cudaErrorStreamCaptureImplicit) nor take work: fenced
-        // after the graph's end, as a capturing stream is. It captures no graph of its own.
-        item->fence_later.push_back(s);
-        return ARCPOOL_STATUS_SUCCESS;
-      }
-      ARCPOOL_RETURN_IF_ERROR(asked);
-    }
+    if (s.id != caller.id)
+      ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &capturing));
     if (capturing) {
       if (!s.entry) {
         return fail(ARCPOOL_STATUS_UNSUPPORTED,

@@ -197,17 +197,10 @@ bool reclaimer::take_late_fences(reclaim_item& item, bool* failed) {
     const stream_ref& s = item.fence_later.back();
     fence_ref f;
     bool capturing = false;
-    auto record = [&](stream_handle h) {
-      return events_.record_outside_capture(h, s.id, &f, &capturing);
-    };
-    // Created and registered streams have entries; the legacy default stream, which is never
-    // retired, may not.
-    const std::optional<arcpool_status_t> status =
-        s.entry ? s.entry->with_alive(record) : std::optional<arcpool_status_t>(record(s.handle));
+    const std::optional<arcpool_status_t> status = s.entry->with_alive(
+        [&](stream_handle h) { return events_.record_outside_capture(h, s.id, &f, &capturing); });
     if (!status) {
       f = s.entry->final_fence();  // retired: its final fence covers all its work
-    } else if (*status == ARCPOOL_STATUS_UNSUPPORTED && s.kind == stream_kind::legacy_default) {
-      return false;  // a blocking stream of its device captures (capture.cpp): a later pass
     } else if (*status != ARCPOOL_STATUS_SUCCESS) {
       *failed = true;
       return true;
