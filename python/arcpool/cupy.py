@@ -20,11 +20,39 @@ import warnings
 from . import _lib
 
 _installed = None
+# Frees refused while a capture runs, retried once a wrapped capture ends or at the next
+# allocation: (pointer, size, device, the allocation's CuPy stream).
+_parked = []
+
+
+def _refused_during_a_capture():
+    """Whether the failed free was refused for a capture (UNSUPPORTED): it may pass later."""
+    return _lib.lib.arcpool_last_error().startswith(b"ARCPOOL_STATUS_UNSUPPORTED")
+
+
+def _retry_parked():
+    """Retries the parked frees on their own streams; keeps those still refused for a capture,
+    and warns of (and forgets) any other failure."""
+    kept = []
+    while _parked:
+        try:
+            pointer, size, device, stream = item = _parked.pop()
+        except IndexError:  # emptied by another thread meanwhile
+            break
+        if _lib.lib.arcpool_free_async(pointer, size, device, stream.ptr) == 0:
+            continue
+        if _refused_during_a_capture():
+            kept.append(item)
+        else:
+            warnings.warn(f"arcpool.cupy: {size} bytes at {pointer:#x} stay allocated: "
+                          f"{_lib.lib.arcpool_last_error().decode()}", RuntimeWarning)
+    _parked.extend(kept)
 
 
 class _Block:
     """Owns one arcpool allocation; frees it on CuPy's then-current stream when it dies (on its
-    own stream when the current one refuses the free; a warning, never silence, if both do).
+    own stream when the current one refuses the free; after the capture when both refuse it for
+    one; a warning, never silence, if both refuse it otherwise).
 
     It also holds the CuPy stream it was allocated on: cupy.cuda.Stream destroys its CUDA stream
     in __del__, and arrays routinely outlive their stream, but arcpool's free fences the
@@ -47,7 +75,12 @@ class _Block:
             # arcpool's (an array collected inside stream.begin_capture()). Then the free goes
             # on the allocation's own stream, as CuPy's MemoryAsync frees.
             status = free(self.pointer, self.size, self.device, self._stream.ptr)
-        if status != 0:
+        if status != 0 and self._stream is not None and _refused_during_a_capture():
+            # E.g. an array of the null stream collected in a capture of a blocking stream
+            # (cupy.cuda.Stream()'s default): while it captures, the legacy stream can take no
+            # work (cudaErrorStreamCaptureImplicit). Retried after the capture.
+            _parked.append((self.pointer, self.size, self.device, self._stream))
+        elif status != 0:
             warnings.warn(f"arcpool.cupy: {self.size} bytes at {self.pointer:#x} stay allocated: "
                           f"{_lib.lib.arcpool_last_error().decode()}", RuntimeWarning)
         self._stream = None  # the allocation's stream may go now
@@ -83,6 +116,8 @@ def install():
         if size == 0:
             return cupy.cuda.memory.MemoryPointer(
                 cupy.cuda.memory.UnownedMemory(0, 0, None, device), 0)
+        if _parked:
+            _retry_parked()
         stream = cupy.cuda.get_current_stream()
         pointer = _lib.lib.arcpool_malloc_async(size, device, stream.ptr)
         if not pointer and _out_of_memory():
@@ -163,13 +198,16 @@ def _capture_into_graph_pools(cupy):
         def end_capture(self):
             allocator, pool = captures.pop(self.ptr, (None, None))
             if allocator is None:
-                return end(self)
+                graph = end(self)
+                _retry_parked()
+                return graph
             try:
                 graph = end(self)
             except BaseException:
                 undo(self, allocator, pool)  # CuPy's error first
                 raise
             _lib.check(undo(self, allocator, pool), "ending the capture's graph pool")
+            _retry_parked()
             return graph
 
         begin_capture._arcpool_wrapped = True

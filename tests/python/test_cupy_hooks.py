@@ -49,6 +49,16 @@ class _Stream:
         return graph.value
 
 
+class _BlockingStream(_Stream):
+    """cupy.cuda.Stream() as CuPy makes it by default: a blocking stream, which the legacy (null)
+    stream synchronizes with."""
+
+    def __init__(self):
+        handle = ctypes.c_void_p()
+        assert RUNTIME.cudaStreamCreateWithFlags(ctypes.byref(handle), 0) == 0
+        self.ptr, self.device_id = handle.value, 0
+
+
 class _ExternalStream(_Stream):
     """cupy.cuda.ExternalStream: a stream CuPy neither made nor destroys."""
 
@@ -176,6 +186,28 @@ class CupyHooksOnSimcuda(unittest.TestCase):
         RUNTIME.cudaGraphDestroy(graph)
         self.assertEqual(before - (1 << 20), arcpool_cupy.stats()["allocated_bytes.all.current"])
         del own, capturing
+        self.assertEqual("", _take_violations())
+
+    def test_an_array_of_the_null_stream_collected_in_a_blocking_capture_is_freed_after_it(self):
+        # While a blocking stream captures, the null (legacy) stream can neither be asked whether
+        # it captures nor take work (cudaErrorStreamCaptureImplicit): arcpool refuses the free on
+        # the capturing stream and on the null stream. It is retried once the capture ends; it
+        # was left allocated for ever, with a warning.
+        from arcpool import cupy as arcpool_cupy
+
+        _Stream.current = None  # the null stream
+        before = arcpool_cupy.stats()["allocated_bytes.all.current"]
+        array = self.malloc(1 << 20)
+        blocking = _BlockingStream()
+        blocking.begin_capture()  # wrapped by install(): registered, bound to a graph pool
+        _Stream.current = blocking
+        del array
+        _Stream.current = None
+        self.assertEqual(before + (1 << 20), arcpool_cupy.stats()["allocated_bytes.all.current"])
+        graph = blocking.end_capture()
+        RUNTIME.cudaGraphDestroy(ctypes.c_void_p(graph))
+        self.assertEqual(before, arcpool_cupy.stats()["allocated_bytes.all.current"])
+        del blocking
         self.assertEqual("", _take_violations())
 
     def test_memory_held_by_a_reference_cycle_is_collected_before_out_of_memory(self):
