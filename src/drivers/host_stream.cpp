@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <new>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -81,7 +82,10 @@ class stream_table {
   void retire_per_thread(std::shared_ptr<host_stream> s) {
     std::vector<std::shared_ptr<host_stream>> reaped;  // joined after the lock, on return
     std::lock_guard<std::mutex> lock(mutex_);
-    reap_locked(reaped);
+    try {
+      reap_locked(reaped);  // best effort: a thread's exit (noexcept) runs this
+    } catch (const std::bad_alloc&) {
+    }
     if (auto it = std::find(per_thread_.begin(), per_thread_.end(), s); it != per_thread_.end()) {
       per_thread_.erase(it);
     }
