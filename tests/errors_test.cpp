@@ -136,8 +136,10 @@ TEST_P(Errors, AbsurdSizesAreOutOfMemoryAndThePoolStaysUsable) {
   EXPECT_TRUE(last_error_mentions(std::to_string(one_pib).c_str())) << arcpool_last_error();
   EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
                 arcpool_allocate_async(alloc_, SIZE_MAX, 4096, s_, 0, &a));
+  EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                arcpool_allocate_async(alloc_, SIZE_MAX, 0, s_, 0, &a));
   const auto st = stats();
-  EXPECT_EQ(2u, st.oom_failures);
+  EXPECT_EQ(3u, st.oom_failures);
   EXPECT_EQ(0u, st.bytes_held_current) << "a failed attempt holds nothing";
   arcpool_allocation_t* b = allocate(kBytes, s_);
   ASSERT_NE(nullptr, b) << "the pool must stay usable";
@@ -344,6 +346,26 @@ TEST_P(OutOfMemory, AHardLimitBeyondWhatTheHeldBytesCountCanHoldLimitsNothing) {
     if (h == nullptr) continue;
     EXPECT_OK(arcpool_deallocate_async(h, s_, 0));
     arcpool_allocation_release(h);
+  }
+}
+
+TEST_P(OutOfMemory, ARequestPastWhatTheHeldBytesCountCanHoldIsRefusedUnderAHardLimit) {
+  // Held bytes count in an int64_t: a request past INT64_MAX counted as negative bytes, passed
+  // the limit's test and took the held bytes down while the pool was asked (other threads'
+  // requests then passed the limit). It is refused before the limit and the pool see it: no
+  // out-of-memory retry (a flush, a drain and a wait for every stream) either.
+  arcpool_allocation_t* a = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                arcpool_allocate_async(alloc_, SIZE_MAX / 4 * 3, 0, s_, 0, &a));
+  EXPECT_EQ(nullptr, a);
+  EXPECT_EQ(0u, stats().oom_retries) << "the pool was asked";
+  EXPECT_EQ(0u, stats().bytes_held_current);
+  EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                arcpool_allocate_async(alloc_, 10 * kBytes, 0, s_, 0, &a))
+      << "past the fixture's limit of 3";
+  if (a != nullptr) {
+    EXPECT_OK(arcpool_deallocate_async(a, s_, 0));
+    arcpool_allocation_release(a);
   }
 }
 

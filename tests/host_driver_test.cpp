@@ -308,5 +308,23 @@ TEST(NullDriver, TwoAllocatorsOnFreshThreadsNeverHandOutTheSameAddress) {
   }
 }
 
+// The null driver lends each thread a 1 TiB region of addresses: a request past it was lent all
+// the same, running into the next thread's region (and SIZE_MAX, rounded up, wrapped to 0 bytes:
+// the next allocation got the same address). It is out of memory, as past a device.
+TEST(NullDriver, ARequestPastItsRegionIsOutOfMemory) {
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_NULL;
+  arcpool_allocator_t* alloc = nullptr;
+  ASSERT_OK(arcpool_allocator_create(&options, &alloc));
+  void* p = nullptr;
+  EXPECT_STATUS(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                arcpool_allocator_malloc_async(alloc, size_t{1} << 50, 0, nullptr, &p));
+  EXPECT_EQ(nullptr, p);
+  EXPECT_OK(arcpool_allocator_malloc_async(alloc, 256, 0, nullptr, &p)) << "still usable";
+  EXPECT_OK(arcpool_allocator_free_async(alloc, p, nullptr));
+  arcpool_allocator_destroy(alloc);
+}
+
 }  // namespace
 }  // namespace arcpool::test

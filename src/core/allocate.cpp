@@ -39,6 +39,12 @@ arcpool_status_t allocator::padded_size(size_t size, size_t alignment, size_t* o
     return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "%zu bytes with alignment %zu overflow size_t", size,
                 alignment);
   }
+  // Held bytes count in an int64_t (and a hard limit compares with them): a request past it,
+  // more than any device holds, would count as negative bytes.
+  if (size + extra > static_cast<size_t>(INT64_MAX)) {
+    return fail(ARCPOOL_STATUS_OUT_OF_MEMORY,
+                "%zu bytes (alignment %zu) is more than any device holds", size, alignment);
+  }
   *out = size + extra;
   return ARCPOOL_STATUS_SUCCESS;
 }

@@ -77,6 +77,10 @@ class null_driver final : public driver {
   arcpool_status_t pool_allocate(size_t bytes, stream_handle, void** out) override {
     thread_local uintptr_t next = 0;
     thread_local uintptr_t end = 0;
+    if (bytes > kRegion) {  // also keeps the rounding below from wrapping to 0
+      return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "null driver: %zu bytes is more than its %zu",
+                  bytes, static_cast<size_t>(kRegion));
+    }
     const size_t rounded = (bytes + 255) & ~size_t{255};
     if (end - next < rounded) {
       next = g_next_region.fetch_add(kRegion, std::memory_order_relaxed);
