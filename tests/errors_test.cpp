@@ -147,6 +147,29 @@ TEST_P(Errors, AbsurdSizesAreOutOfMemoryAndThePoolStaysUsable) {
   arcpool_allocation_release(b);
 }
 
+// A bound stream operations could not name is refused when it is bound, the policy unchanged:
+// it was taken, and every ambient allocation failed later, far from the cause.
+TEST_P(Errors, AnAmbientBoundStreamThatIsNoStreamIsRefusedWhenBound) {
+  if (GetParam().kind == ARCPOOL_DRIVER_CUDA) {
+    GTEST_SKIP() << "a destroyed stream's handle is undefined behaviour to pass to CUDA";
+  }
+  arcpool_stream_t gone = nullptr;  // not the fixture's: it would synchronize it at the end
+  ASSERT_OK(arcpool_stream_create(alloc_, &gone));
+  ASSERT_OK(arcpool_stream_destroy(alloc_, gone));
+  EXPECT_NE(ARCPOOL_STATUS_SUCCESS,
+            arcpool_allocator_set_ambient_stream(alloc_, ARCPOOL_AMBIENT_BOUND_STREAM, gone));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                arcpool_allocator_set_ambient_stream(
+                    alloc_, static_cast<arcpool_ambient_policy_t>(7), nullptr));
+  void* p = nullptr;  // the policy stands: the legacy default stream
+  ASSERT_OK(arcpool_ambient_malloc(alloc_, kBytes, &p));
+  EXPECT_OK(arcpool_ambient_free(alloc_, p));
+  ASSERT_OK(arcpool_allocator_set_ambient_stream(alloc_, ARCPOOL_AMBIENT_BOUND_STREAM, s_));
+  ASSERT_OK(arcpool_ambient_malloc(alloc_, kBytes, &p));
+  EXPECT_OK(arcpool_ambient_free(alloc_, p));
+  sync(s_);
+}
+
 TEST_P(Errors, BadAlignmentsAreInvalidArguments) {
   arcpool_allocation_t* a = nullptr;
   for (size_t alignment : {size_t{3}, size_t{100}, size_t{4097}, ARCPOOL_MAX_ALIGNMENT * 2}) {

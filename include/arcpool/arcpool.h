@@ -373,8 +373,10 @@ typedef enum arcpool_allocation_flags_t {
  * and current stream. On success `*out_allocation` holds one owner claim and one reference.
  * Zero bytes give a valid allocation whose data pointer is NULL. OUT_OF_MEMORY (after
  * flushing caches, completing pending reclaims, one retry and the options' callback) leaves
- * the allocator usable; UNSUPPORTED if `stream` is capturing a graph. Never blocks, except
- * on the out-of-memory path.
+ * the allocator usable. On a stream capturing a graph: graph memory or a graph pool's block
+ * where docs/graphs.md says so (the CUDA driver), UNSUPPORTED otherwise (the host drivers; a
+ * stream arcpool cannot fence after the graph). Never blocks, except on the out-of-memory
+ * path.
  */
 ARCPOOL_API arcpool_status_t arcpool_allocate_async(arcpool_allocator_t* allocator, size_t size,
                                                     size_t alignment, arcpool_stream_t stream,
@@ -712,7 +714,9 @@ typedef enum arcpool_ambient_policy_t {
 } arcpool_ambient_policy_t;
 
 /** Selects the ambient policy of `allocator` (`stream`: the bound stream for
- * ARCPOOL_AMBIENT_BOUND_STREAM, ignored otherwise). Never blocks. */
+ * ARCPOOL_AMBIENT_BOUND_STREAM, ignored otherwise). A bound stream operations could not name
+ * (destroyed, another device's) is refused as an allocation on it would be, and an unknown
+ * policy is INVALID_ARGUMENT, the policy unchanged. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_allocator_set_ambient_stream(arcpool_allocator_t* allocator,
                                                                   arcpool_ambient_policy_t policy,
                                                                   arcpool_stream_t stream);

@@ -78,6 +78,9 @@ void allocator::set_hard_limit(size_t bytes) {
 }
 
 arcpool_status_t allocator::set_ambient(arcpool_ambient_policy_t policy, stream_handle s) {
+  // A bound stream operations could not name is refused now, the policy unchanged: every
+  // ambient allocation would fail far from the cause.
+  if (policy == ARCPOOL_AMBIENT_BOUND_STREAM) ARCPOOL_RETURN_IF_ERROR(check_stream(s));
   std::lock_guard<std::mutex> lock(ambient_mutex_);
   ambient_policy_ = policy;
   ambient_bound_ = s;
