@@ -13,15 +13,18 @@ the capture is bound to a graph pool of its own (docs/graphs.md, "CuPy's capture
 in the capture are blocks reserved outside it, so the graph launches any number of times, and
 the pool's memory goes back once the graph is gone and its arrays are freed.
 """
+import atexit
 import ctypes
 import gc
+import sys
 import warnings
 
 from . import _lib
 
 _installed = None
-# Frees refused while a capture runs, retried once a wrapped capture ends or at the next
-# allocation: (pointer, size, device, the allocation's CuPy stream).
+# Frees refused while a capture runs, retried once a wrapped capture ends, at the next
+# allocation, and at the interpreter's exit: (pointer, size, device, the allocation's CuPy
+# stream).
 _parked = []
 
 
@@ -30,23 +33,35 @@ def _refused_during_a_capture():
     return _lib.lib.arcpool_last_error().startswith(b"ARCPOOL_STATUS_UNSUPPORTED")
 
 
-def _retry_parked():
-    """Retries the parked frees on their own streams; keeps those still refused for a capture,
-    and warns of (and forgets) any other failure."""
-    kept = []
-    while _parked:
+def _retry_parked(last_chance=False):
+    """Retries the parked frees on their own streams; keeps those still refused for a capture
+    (unless `last_chance`), and reports (and forgets) the others. Never raises: a warning made an
+    error (-W error) is written to stderr, as in __del__, and the frees kept stay parked."""
+    kept, lost = [], []
+    try:
+        while _parked:
+            try:
+                pointer, size, device, stream = item = _parked.pop()
+            except IndexError:  # emptied by another thread meanwhile
+                break
+            if _lib.lib.arcpool_free_async(pointer, size, device, stream.ptr) == 0:
+                continue
+            if _refused_during_a_capture() and not last_chance:
+                kept.append(item)
+            else:
+                lost.append(f"arcpool.cupy: {size} bytes at {pointer:#x} stay allocated: "
+                            f"{_lib.lib.arcpool_last_error().decode()}")
+    finally:
+        _parked.extend(kept)
+    for message in lost:
         try:
-            pointer, size, device, stream = item = _parked.pop()
-        except IndexError:  # emptied by another thread meanwhile
-            break
-        if _lib.lib.arcpool_free_async(pointer, size, device, stream.ptr) == 0:
-            continue
-        if _refused_during_a_capture():
-            kept.append(item)
-        else:
-            warnings.warn(f"arcpool.cupy: {size} bytes at {pointer:#x} stay allocated: "
-                          f"{_lib.lib.arcpool_last_error().decode()}", RuntimeWarning)
-    _parked.extend(kept)
+            warnings.warn(message, RuntimeWarning)
+        except Warning:
+            print(message, file=sys.stderr)
+
+
+# A free still refused at the interpreter's exit is tried once more, and reported if it fails.
+atexit.register(_retry_parked, last_chance=True)
 
 
 class _Block:
