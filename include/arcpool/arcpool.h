@@ -715,8 +715,9 @@ typedef enum arcpool_ambient_policy_t {
 
 /** Selects the ambient policy of `allocator` (`stream`: the bound stream for
  * ARCPOOL_AMBIENT_BOUND_STREAM, ignored otherwise). A bound stream operations could not name
- * (destroyed, another device's) is refused as an allocation on it would be, and an unknown
- * policy is INVALID_ARGUMENT, the policy unchanged. Never blocks. */
+ * (another device's; a destroyed one on the host drivers: CUDA leaves a destroyed handle
+ * undefined) is INVALID_ARGUMENT, as is an unknown policy, the policy unchanged. Never
+ * blocks. */
 ARCPOOL_API arcpool_status_t arcpool_allocator_set_ambient_stream(arcpool_allocator_t* allocator,
                                                                   arcpool_ambient_policy_t policy,
                                                                   arcpool_stream_t stream);

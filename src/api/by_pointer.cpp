@@ -78,9 +78,15 @@ void allocator::set_hard_limit(size_t bytes) {
 }
 
 arcpool_status_t allocator::set_ambient(arcpool_ambient_policy_t policy, stream_handle s) {
-  // A bound stream operations could not name is refused now, the policy unchanged: every
-  // ambient allocation would fail far from the cause.
-  if (policy == ARCPOOL_AMBIENT_BOUND_STREAM) ARCPOOL_RETURN_IF_ERROR(check_stream(s));
+  // A bound stream operations could not name (INVALID_ARGUMENT: destroyed, another device's or
+  // context's) is refused now, the policy unchanged: every ambient allocation would fail far
+  // from the cause. A refusal that lasts only while a capture runs (UNSUPPORTED) is not.
+  if (policy == ARCPOOL_AMBIENT_BOUND_STREAM) {
+    if (const arcpool_status_t status = check_stream(s);
+        status == ARCPOOL_STATUS_INVALID_ARGUMENT) {
+      return status;
+    }
+  }
   std::lock_guard<std::mutex> lock(ambient_mutex_);
   ambient_policy_ = policy;
   ambient_bound_ = s;

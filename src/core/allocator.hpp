@@ -111,7 +111,8 @@ class allocator {
   arcpool_status_t record_use(allocation& a, stream_handle s, uint32_t flags);
   arcpool_status_t export_memory(allocation& a, void** out);
   /// SUCCESS if operations may name stream `s` (its device, its context: what every
-  /// operation's stream lookup checks); that lookup's refusal otherwise. Changes nothing.
+  /// operation's stream lookup checks); that lookup's refusal otherwise. Changes nothing an
+  /// operation would not (the lookup fills this thread's stream-cache line).
   arcpool_status_t check_stream(stream_handle s) {
     stream_ref ignored;
     return resolve_stream(s, &ignored);

@@ -52,6 +52,7 @@ class stream_table {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = streams_.find(handle);
     if (it == streams_.end()) return false;
+    reserve_retirements_locked();
     retire_locked(std::move(it->second));
     streams_.erase(it);
     return true;
@@ -74,7 +75,9 @@ class stream_table {
   std::shared_ptr<host_stream> create_per_thread() {
     auto s = std::make_shared<host_stream>(g_next_stream_id.fetch_add(1));
     std::lock_guard<std::mutex> lock(mutex_);
-    per_thread_.push_back(s);
+    per_thread_.reserve(per_thread_.size() + 1);
+    reserve_retirements_locked(/*more=*/1);
+    per_thread_.push_back(s);  // within the room reserved: no throw after the reserves
     return s;
   }
 
@@ -93,6 +96,13 @@ class stream_table {
   }
 
  private:
+  // Room in retired_ for every stream that may be retired without a chance to allocate: each
+  // live per-thread stream (retired at its thread's exit, which is noexcept), `more` to come,
+  // and the one a destroy retires now. The room never shrinks.
+  void reserve_retirements_locked(size_t more = 0) {
+    retired_.reserve(retired_.size() + per_thread_.size() + more + 1);
+  }
+
   void retire_locked(std::shared_ptr<host_stream> s) {
     s->close();
     retired_.push_back(std::move(s));
