@@ -99,6 +99,23 @@ TEST_P(OutOfMemoryRetry, TheRetryWaitsForFreesTheWorkerQueuedOnTheReclaimStream)
   allocate_through_the_retry();
 }
 
+TEST_P(OutOfMemoryRetry, ItsDrainWaitsForFreesAnEarlierPassQueuedOnTheReclaimStream) {
+  // The drain the retry relies on, alone: it finds no item left, and must still wait for the
+  // free an earlier pass queued on the reclaim stream. Nothing else here runs work (the retry
+  // above also synchronizes arcpool's streams, whose waits may run that free by the seed's
+  // choice), so a drain that does not wait is caught at every seed.
+  arcpool_stream_t app = make_app_stream();
+  arcpool_allocation_t* a = fill_the_pool(app);
+  EXPECT_OK(arcpool_deallocate_async(a, y_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+  arcpool_allocation_release(a);
+  sync(app);
+  sync(y_);
+  EXPECT_EQ(1u, core().reclaim_poll_once()) << "the free is queued on the reclaim stream";
+  EXPECT_EQ(kBig, pool_used()) << "not run yet: nothing runs unless driven";
+  EXPECT_OK(core().reclaim_drain());
+  EXPECT_EQ(0u, pool_used()) << "the drain returned before the reclaim stream's free ran";
+}
+
 // The deterministic driver only: on a threaded driver the frees run by themselves, so a retry
 // that does not wait passes by luck.
 INSTANTIATE_TEST_SUITE_P(Drivers, OutOfMemoryRetry, ::testing::Values(deterministic_driver()),
