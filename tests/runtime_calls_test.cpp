@@ -17,6 +17,7 @@
 
 #include "arcpool/arcpool.h"
 #include "support/driver_test.hpp"
+#include "support/process_exit.hpp"
 #include "support/simcuda_probe.hpp"
 
 namespace arcpool::test {
@@ -300,6 +301,76 @@ TEST(RuntimeCallsAtExit, AfterTheDriverUnloadedTheFirstFailureStopsEveryCudaCall
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: the unload is for good
   EXPECT_EXIT(use_arcpool_after_the_driver_unloaded(), ::testing::ExitedWithCode(0),
               "later CUDA calls: 0");
+}
+
+/// The child of OnceTheProcessIsExitingTheIpcCallsMakeNoCudaCall: the CUDA driver of an
+/// exportable owned pool, with a pointer's export data and an interprocess event made while the
+/// process runs. Once it is exiting, each IPC call the exporter's watcher or an importer's
+/// release can still make (design.md §10, "Exit") must answer "skipped" without calling CUDA.
+[[noreturn]] void call_the_ipc_driver_while_exiting() {
+  EXPECT_EQ(cudaSuccess, cudaSetDevice(0));
+  arcpool_allocator_options_t options;
+  arcpool_allocator_options_init(&options);
+  options.driver = ARCPOOL_DRIVER_CUDA;
+  options.pool_source = ARCPOOL_POOL_OWNED;
+  options.ipc_handle_types = cudaMemHandleTypePosixFileDescriptor;
+  arcpool_allocator_t* alloc = nullptr;
+  EXPECT_OK(arcpool_allocator_create(&options, &alloc));
+  if (alloc == nullptr) std::exit(1);
+  detail::driver& drv = detail::from_handle(alloc)->drv();
+  void* p = nullptr;
+  EXPECT_OK(drv.pool_allocate(4096, nullptr, &p));
+  detail::ipc_pointer_data pointer{};
+  EXPECT_OK(drv.pool_export_pointer(p, &pointer));
+  detail::event_handle event = nullptr;
+  detail::ipc_event_data event_data{};
+  EXPECT_OK(drv.ipc_event_create(&event, &event_data));
+
+  detail::mark_process_exiting();
+  reset_simcuda_calls();
+  auto skipped = [](const char* call, arcpool_status_t status) {
+    EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, status) << call;
+    EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "the process is exiting"))
+        << call << ": " << arcpool_last_error();
+  };
+  int fd = -1;
+  skipped("pool_export_fd", drv.pool_export_fd(&fd));
+  detail::ipc_pointer_data again{};
+  skipped("pool_export_pointer", drv.pool_export_pointer(p, &again));
+  detail::event_handle created = nullptr;
+  detail::ipc_event_data created_data{};
+  skipped("ipc_event_create", drv.ipc_event_create(&created, &created_data));
+  detail::event_handle opened = nullptr;
+  skipped("ipc_event_open", drv.ipc_event_open(event_data, &opened));
+  detail::imported_pool pool = nullptr;
+  skipped("pool_import_fd", drv.pool_import_fd(0, &pool));
+  void* imported = nullptr;
+  skipped("import_pointer", drv.import_pointer(nullptr, pointer, &imported));
+  uint64_t later = 0;
+  for (const char* f :
+       {"cuCtxGetCurrent", "cuCtxSetCurrent", "cudaMemPoolExportToShareableHandle",
+        "cudaMemPoolExportPointer", "cudaEventCreateWithFlags", "cudaIpcGetEventHandle",
+        "cudaIpcOpenEventHandle", "cudaMemPoolImportFromShareableHandle", "cudaMemPoolGetAccess",
+        "cudaMemPoolImportPointer", "cudaEventDestroy"}) {
+    if (const uint64_t n = simcuda_calls(f); n != 0) {
+      std::fprintf(stderr, "while exiting: %s called %llu times\n", f,
+                   static_cast<unsigned long long>(n));
+      later += n;
+    }
+  }
+  std::fprintf(stderr, "CUDA calls while exiting: %llu\n", static_cast<unsigned long long>(later));
+  std::exit(later == 0 && !::testing::Test::HasFailure() ? 0 : 1);
+}
+
+// The exporter's watcher thread reads the importer's releases while the process exits (its
+// atexit hooks, then the runtime's teardown), and an importer's last releases may run there
+// too: their IPC calls are skipped once arcpool knows the process is exiting, as every other
+// call of the CUDA driver is.
+TEST(RuntimeCallsAtExit, OnceTheProcessIsExitingTheIpcCallsMakeNoCudaCall) {
+  if (!on_simcuda()) GTEST_SKIP() << "counts CUDA calls with simcuda's counters";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: exiting is for good
+  EXPECT_EXIT(call_the_ipc_driver_while_exiting(), ::testing::ExitedWithCode(0),
+              "CUDA calls while exiting: 0");
 }
 
 }  // namespace

@@ -340,6 +340,7 @@ class cuda_driver final : public driver {
   }
 
   arcpool_status_t pool_export_fd(int* out) override {
+    if (process_exiting()) return exiting("cudaMemPoolExportToShareableHandle");
     // cudaMemPoolExportToShareableHandle: "To create an IPC capable mempool, create a mempool
     // with a CUmemAllocationHandleType other than cudaMemHandleTypeNone." A device's own pools
     // are not: arcpool refuses them before CUDA does.
@@ -366,6 +367,7 @@ class cuda_driver final : public driver {
   }
 
   arcpool_status_t pool_export_pointer(void* p, ipc_pointer_data* out) override {
+    if (process_exiting()) return exiting("cudaMemPoolExportPointer");
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
     relaxed_capture_guard relaxed;
@@ -377,6 +379,7 @@ class cuda_driver final : public driver {
   }
 
   arcpool_status_t ipc_event_create(event_handle* out, ipc_event_data* data) override {
+    if (process_exiting()) return exiting("cudaEventCreateWithFlags(Interprocess)");
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
     // cudaIpcGetEventHandle: the event "must have been created with the cudaEventInterprocess
@@ -398,6 +401,7 @@ class cuda_driver final : public driver {
   }
 
   arcpool_status_t ipc_event_open(const ipc_event_data& data, event_handle* out) override {
+    if (process_exiting()) return exiting("cudaIpcOpenEventHandle");
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
     cudaIpcEventHandle_t handle{};
@@ -409,6 +413,7 @@ class cuda_driver final : public driver {
   }
 
   arcpool_status_t pool_import_fd(int fd, imported_pool* out) override {
+    if (process_exiting()) return exiting("cudaMemPoolImportFromShareableHandle");
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
     // Making a pool and setting its access, as an owned pool's creation does (design.md §8).
@@ -467,6 +472,7 @@ class cuda_driver final : public driver {
 
   arcpool_status_t import_pointer(imported_pool pool, const ipc_pointer_data& data,
                                   void** out) override {
+    if (process_exiting()) return exiting("cudaMemPoolImportPointer");
     device_guard guard(device_, primary_);
     ARCPOOL_RETURN_IF_ERROR(guard.status());
     relaxed_capture_guard relaxed;
