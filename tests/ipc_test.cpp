@@ -643,6 +643,31 @@ TEST_F(IpcImporter, ACaptureBegunWhileAReceiveWaitsIsRefusedWhenTheAllocationArr
   end(h);
 }
 
+// A receive waiting for the exporter holds the importer while another thread destroys it: once
+// the allocation arrives, the receive refuses it to the exporter and says why, and nothing it
+// touches is gone (ASan saw the freed importer before it took its reference).
+TEST_F(IpcImporter, AReceiveWaitingWhileTheImporterIsDestroyedReturnsOnceTheNextMessageArrives) {
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  ASSERT_NO_FATAL_FAILURE(start("ExporterSendsAndWaits", {"ARCPOOL_IPC_SEND_ON_GO=1"}));
+  arcpool_allocation_t* h = nullptr;
+  std::string why;
+  auto received = std::async(std::launch::async, [&] {
+    const arcpool_status_t status = arcpool_ipc_receive(im, s, &h);
+    why = arcpool_last_error();
+    return status;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the receive waits by now
+  arcpool_ipc_importer_destroy(std::exchange(im, nullptr));
+  ASSERT_EQ(1, write(c.pipe, "x", 1));  // the exporter sends now
+  if (received.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "the receive went on waiting after the allocation arrived";
+    kill(c.pid, SIGKILL);  // the receive then ends with PEER_GONE
+  }
+  EXPECT_EQ(ARCPOOL_STATUS_INVALID_ARGUMENT, received.get()) << why;
+  EXPECT_NE(std::string::npos, why.find("destroyed while this call waited")) << why;
+  EXPECT_EQ(nullptr, h);
+}
+
 // The import would refuse a stream of another device (INVALID_ARGUMENT): the receive refuses it
 // first, before it takes the allocation, which stays queued for a receive on a good stream.
 TEST_F(IpcImporter, AReceiveOnAnotherDevicesStreamIsRefusedAndTheAllocationStaysQueued) {

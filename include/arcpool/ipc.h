@@ -86,7 +86,9 @@ ARCPOOL_API arcpool_status_t arcpool_ipc_importer_create(arcpool_allocator_t* al
  * destroyed its side; imports already received stay usable and are freed as usual.
  * UNSUPPORTED while `stream` captures a graph, also one begun while this call waited (the wait
  * on the exporter's event would cross the capture's boundary): the allocation stays queued
- * for the next receive, and the capture intact.
+ * for the next receive, and the capture intact. Thread-safe: receives on several threads take
+ * turns. INVALID_ARGUMENT when arcpool_ipc_importer_destroy ran on another thread while this
+ * call waited, once the next message arrives or the exporter goes (a destroy does not wake it).
  */
 ARCPOOL_API arcpool_status_t arcpool_ipc_receive(arcpool_ipc_importer_t* importer,
                                                  arcpool_stream_t stream,
@@ -98,6 +100,8 @@ ARCPOOL_API arcpool_status_t arcpool_ipc_receive(arcpool_ipc_importer_t* importe
  * those that arrive before the connection closes, are refused to the exporter, whose claims on
  * them go while this process lives (a refusal that cannot be written at once, the socket being
  * full or another thread sending, leaves that claim until this process exits). Never blocks.
+ * May be called while another thread's arcpool_ipc_receive waits (see there), not while one
+ * is being called, nor twice.
  */
 ARCPOOL_API void arcpool_ipc_importer_destroy(arcpool_ipc_importer_t* importer);
 

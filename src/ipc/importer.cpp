@@ -88,6 +88,13 @@ arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t
   // So is a stream the import would refuse: by then the allocation would be taken, and its
   // claim given back.
   ARCPOOL_RETURN_IF_ERROR(check_stream(stream));
+  // The importer stays while this call runs, also when another thread destroys it meanwhile
+  // (arcpool_ipc_importer_destroy while this call waits for the exporter).
+  refs_.fetch_add(1, std::memory_order_relaxed);
+  struct unref_at_return {
+    importer* im;
+    ~unref_at_return() { im->unref(); }
+  } held{this};
   message m;
   {
     // One reader at a time (drain only adds to pending_, and only when no reader reads); a
@@ -97,11 +104,17 @@ arcpool_status_t importer::receive(arcpool_stream_t stream, arcpool_allocation_t
       bool pending = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
+        if (destroyed_) {
+          return fail(ARCPOOL_STATUS_INVALID_ARGUMENT,
+                      "arcpool_ipc_receive: the importer was destroyed while this call waited; "
+                      "what arrives from now on is refused to the exporter");
+        }
         pending = !pending_.empty();
       }
       if (pending) {
         ARCPOOL_RETURN_IF_ERROR(check_stream(stream));
         std::lock_guard<std::mutex> lock(mu_);
+        if (pending_.empty()) continue;  // a destroy refused it meanwhile
         m = pending_.front();
         pending_.pop_front();
         break;
