@@ -488,6 +488,42 @@ TEST_P(GraphCapture, AUserObjectsDestructorNeverWaitsForTheReclaimWorker) {
   finish_and_expect_nothing_held();
 }
 
+TEST_P(GraphCapture, APreserveWhileADeallocationArmsTheGraphsFreeKeepsTheAllocationLive) {
+  // A preserve takes no lock: another reference's holder may add an owner after the
+  // deallocation checked that its caller owns the allocation alone, while it arms the free
+  // that the graph's end runs. The deallocation is then refused, and the armed free must free
+  // nothing: the allocation lives on with two owners, whose later deallocation frees it once.
+  if (!on_simcuda()) GTEST_SKIP() << "needs simcuda's pause points (simcuda_delay_calls)";
+  arcpool_stream_t s = make_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  begin(s);
+  fill_async(s, data(a), kBytes, 5);
+  ASSERT_TRUE(simcuda_delay_calls("cudaGraphRetainUserObject", 400));
+  std::thread preserver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // inside the graph call now
+    EXPECT_OK(arcpool_allocation_preserve(a));
+  });
+  const arcpool_status_t status = arcpool_deallocate_async(a, s, 0);
+  preserver.join();
+  simcuda_delay_calls("cudaGraphRetainUserObject", 0);
+  EXPECT_EQ(ARCPOOL_STATUS_NOT_OWNER, status) << "two owners by the commit";
+  EXPECT_EQ(ARCPOOL_ALLOCATION_LIVE, info(a).state);
+  EXPECT_EQ(2u, info(a).owners);
+  EXPECT_EQ(0u, stats().graph_deferred_frees);
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  await_posted_tasks();
+  finish_reclaims();
+  EXPECT_EQ(0u, stats().frees + stats().deferred_frees) << "the refused deallocation freed";
+  EXPECT_EQ(uint64_t{kBytes}, stats().bytes_in_use_current);
+  int was_last = -1;
+  ASSERT_OK(arcpool_allocation_discard(a, &was_last));
+  EXPECT_EQ(0, was_last);
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  sync(s);
+  finish_and_expect_nothing_held();
+}
+
 TEST_P(GraphCapture, TwoThreadsFreeingIntoOneCaptureNeverCallOnItsGraphAtOnce) {
   // Driver API, "Graph object thread safety": "API calls accessing the same graph object must
   // be serialized externally". simcuda reports a call on a graph that another thread's call is

@@ -1,7 +1,9 @@
 // Allocation and deallocation on streams capturing a CUDA graph (docs/graphs.md): graph
 // allocation nodes, free nodes, and frees of earlier memory deferred to the graph's end.
 #include <algorithm>
+#include <atomic>
 #include <new>
+#include <thread>
 
 #include "core/allocator.hpp"
 #include "core/graph_pool.hpp"
@@ -19,8 +21,19 @@ struct graph_gate final : posted_task {
     run = &enqueue_item;
   }
 
+  /// Whether the deallocation that armed the gate was accepted: its commit follows the arming
+  /// (a failed arming must change nothing), and another owner's preserve can still refuse it.
+  enum verdict : int { undecided, free_it, keep_it };
+
   allocator& owner;
   std::unique_ptr<reclaim_item> item;  ///< made at the deallocation: queueing it cannot fail
+  std::atomic<int> decided{undecided};
+
+  /// Said once by the deallocating thread, right after its commit; the gate is not touched
+  /// after that (the worker may have deleted it).
+  void decide(bool accepted) noexcept {
+    decided.store(accepted ? free_it : keep_it, std::memory_order_release);
+  }
 
   static void open(void* p) noexcept {
     auto* gate = static_cast<graph_gate*>(p);
@@ -29,8 +42,13 @@ struct graph_gate final : posted_task {
   static void enqueue_item(posted_task* task) noexcept {
     auto* gate = static_cast<graph_gate*>(task);
     allocator& owner = gate->owner;
-    owner.reclaimer_.enqueue(std::move(gate->item));
-    delete gate;
+    // A graph destroyed at once: the deallocating thread is between its arming and its
+    // commit, neither of which blocks.
+    int verdict = undecided;
+    while ((verdict = gate->decided.load(std::memory_order_acquire)) == undecided)
+      std::this_thread::yield();
+    if (verdict == free_it) owner.reclaimer_.enqueue(std::move(gate->item));
+    delete gate;  // a refused deallocation's item goes with it, its fences released
     owner.record_destroyed();
   }
 };
@@ -316,8 +334,9 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   item->bytes = a.placement.held_bytes;
   auto* gate = new (std::nothrow) graph_gate(*this, std::move(item));
   if (gate == nullptr) return fail(ARCPOOL_STATUS_OUT_OF_MEMORY, "no host memory for a free");
-  // The ownership change cannot fail now (deallocate checked it under this record's lock), so
-  // it follows the one call that can: a failed defer leaves the allocation as it was. The
+  // The ownership change follows the one call that can fail, so that a failed defer leaves the
+  // allocation as it was. The change can still be refused (a preserve takes no lock: another
+  // reference's holder may add an owner meanwhile); the armed gate then frees nothing. The
   // allocator may have no handle left (its janitor summing the records now): a is live.
   record_created_through_a_record();
   if (arcpool_status_t status = driver_->graph_defer(capture.graph, &graph_gate::open, gate);
@@ -328,9 +347,11 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
   }
   await_posted_task();
   const arcpool_status_t status = commit(a, force, implicit, caller.handle);
+  gate->decide(status == ARCPOOL_STATUS_SUCCESS);
+  if (status != ARCPOOL_STATUS_SUCCESS) return status;
   a.uses.clear();
   stats_.count(stat::graph_deferred_frees);
-  return status;
+  return ARCPOOL_STATUS_SUCCESS;
 }
 
 graph_pool* allocator::bound_pool(uint64_t capture) {
