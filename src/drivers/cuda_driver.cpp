@@ -423,43 +423,13 @@ class cuda_driver final : public driver {
         check(cudaMemPoolImportFromShareableHandle(&pool, reinterpret_cast<void*>(intptr_t{fd}),
                                                    cudaMemHandleTypePosixFileDescriptor, 0),
               "cudaMemPoolImportFromShareableHandle"));
-    if (const arcpool_status_t status = reach_imported_pool(pool);
+    if (const arcpool_status_t status = cuda::reach_imported_pool(pool, device_);
         status != ARCPOOL_STATUS_SUCCESS) {
       discard(cudaMemPoolDestroy(pool));
       return status;
     }
     *out = pool;
     return ARCPOOL_STATUS_SUCCESS;
-  }
-
-  /// Gives this driver's device read-write access to an imported pool that resides on another
-  /// device. "Imported memory pools are initially only accessible from their resident device.
-  /// The imported memory pool does not inherit any accessibility set by the exporting process.
-  /// The importing process needs to enable access (with cudaMemPoolSetAccess) from any GPU it
-  /// plans to access the memory from" (CUDA programming guide, "Set Access in the Importing
-  /// Process"). The resident device is the one that has access already.
-  arcpool_status_t reach_imported_pool(cudaMemPool_t pool) {
-    cudaMemLocation here{};
-    here.type = cudaMemLocationTypeDevice;
-    here.id = device_;
-    cudaMemAccessFlags access = cudaMemAccessFlagsProtNone;
-    ARCPOOL_RETURN_IF_ERROR(
-        check(cudaMemPoolGetAccess(&access, pool, &here), "cudaMemPoolGetAccess (imported)"));
-    if (access == cudaMemAccessFlagsProtReadWrite) return ARCPOOL_STATUS_SUCCESS;
-    int count = 0;
-    ARCPOOL_RETURN_IF_ERROR(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-    for (int resident = 0; resident < count; ++resident) {
-      cudaMemLocation there{};
-      there.type = cudaMemLocationTypeDevice;
-      there.id = resident;
-      ARCPOOL_RETURN_IF_ERROR(
-          check(cudaMemPoolGetAccess(&access, pool, &there), "cudaMemPoolGetAccess (imported)"));
-      if (access == cudaMemAccessFlagsProtReadWrite) {
-        return cuda::grant_peer_access(pool, resident, device_, "imported pool");
-      }
-    }
-    return fail(ARCPOOL_STATUS_CUDA_ERROR,
-                "the imported pool is accessible from no device of this process");
   }
 
   void imported_pool_destroy(imported_pool pool) noexcept override {

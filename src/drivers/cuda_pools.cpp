@@ -1,5 +1,5 @@
-// The CUDA driver's pools: the owned pool's creation with arcpool's settings, and peer access
-// to a pool (design.md §7, "Peers").
+// The CUDA driver's pools: the owned pool's creation with arcpool's settings, peer access to a
+// pool (design.md §7, "Peers"), and an imported pool's access.
 #include "drivers/cuda_pools.hpp"
 
 #include "drivers/cuda_calls.hpp"
@@ -119,6 +119,30 @@ arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* o
   }
   *out = pool;
   return ARCPOOL_STATUS_SUCCESS;
+}
+
+arcpool_status_t reach_imported_pool(cudaMemPool_t pool, int device) {
+  cudaMemLocation here{};
+  here.type = cudaMemLocationTypeDevice;
+  here.id = device;
+  cudaMemAccessFlags access = cudaMemAccessFlagsProtNone;
+  ARCPOOL_RETURN_IF_ERROR(
+      check(cudaMemPoolGetAccess(&access, pool, &here), "cudaMemPoolGetAccess (imported)"));
+  if (access == cudaMemAccessFlagsProtReadWrite) return ARCPOOL_STATUS_SUCCESS;
+  int count = 0;
+  ARCPOOL_RETURN_IF_ERROR(check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  for (int resident = 0; resident < count; ++resident) {
+    cudaMemLocation there{};
+    there.type = cudaMemLocationTypeDevice;
+    there.id = resident;
+    ARCPOOL_RETURN_IF_ERROR(
+        check(cudaMemPoolGetAccess(&access, pool, &there), "cudaMemPoolGetAccess (imported)"));
+    if (access == cudaMemAccessFlagsProtReadWrite) {
+      return grant_peer_access(pool, resident, device, "imported pool");
+    }
+  }
+  return fail(ARCPOOL_STATUS_CUDA_ERROR,
+              "the imported pool is accessible from no device of this process");
 }
 
 }  // namespace arcpool::detail::cuda

@@ -1,5 +1,5 @@
-// The CUDA driver's pools: the owned pool's creation with arcpool's settings, and peer access
-// to a pool (design.md §7, "Peers").
+// The CUDA driver's pools: the owned pool's creation with arcpool's settings, peer access to a
+// pool (design.md §7, "Peers"), and an imported pool's access.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,5 +19,13 @@ arcpool_status_t grant_peer_access(cudaMemPool_t pool, int device, int peer, con
 /// types, maximum size, release threshold and reuse policies, and grants its peers access. On
 /// failure nothing is left behind.
 arcpool_status_t create_owned_pool(const driver_config& config, cudaMemPool_t* out);
+
+/// Gives `device` read-write access to an imported pool that resides on another device.
+/// "Imported memory pools are initially only accessible from their resident device. The
+/// imported memory pool does not inherit any accessibility set by the exporting process. The
+/// importing process needs to enable access (with cudaMemPoolSetAccess) from any GPU it plans to
+/// access the memory from" (CUDA programming guide, "Set Access in the Importing Process"). The
+/// resident device is the one that has access already.
+arcpool_status_t reach_imported_pool(cudaMemPool_t pool, int device);
 
 }  // namespace arcpool::detail::cuda
