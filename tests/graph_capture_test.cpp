@@ -432,6 +432,29 @@ TEST_P(GraphCapture, ATransferDuringCaptureKeepsTheDonorsEarlierWorkBeforeTheFre
   finish_and_expect_nothing_held();
 }
 
+// A use recorded on a stream arcpool does not know, without the flag that it outlives the
+// deallocation, was fenced then: the stream may be gone (arcpool_record_use), so a transfer
+// during a capture asks it nothing and is refused, nothing changed. It asked the destroyed
+// stream whether it captured.
+TEST_P(GraphCapture, ATransferDuringCaptureAsksNoStreamAUseWasFencedOnWhenRecorded) {
+  arcpool_stream_t s = make_stream(), consumer = make_stream(), gone = make_app_stream();
+  arcpool_allocation_t* a = allocate(kBytes, s);
+  ASSERT_OK(arcpool_record_use(a, gone));
+  sync(gone);
+  destroy_app_stream(gone);
+  begin(s);
+  edge(s, consumer);
+  EXPECT_STATUS(ARCPOOL_STATUS_UNSUPPORTED, arcpool_transfer(a, consumer));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "it may be gone")) << arcpool_last_error();
+  EXPECT_EQ(s, info(a).current_stream);
+  edge(consumer, s);  // join
+  EXPECT_EQ(cudaSuccess, cudaGraphDestroy(end(s)));
+  ASSERT_OK(arcpool_deallocate_async(a, s, 0));
+  arcpool_allocation_release(a);
+  sync(s);
+  finish_and_expect_nothing_held();
+}
+
 // The donor stays a use record only when arcpool can fence it once the capture is over: a
 // stream it neither created nor registered may be gone by then. Refused, nothing changed.
 TEST_P(GraphCapture, ATransferDuringCaptureFromAStreamArcpoolCannotFenceLaterIsRefused) {

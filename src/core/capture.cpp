@@ -198,8 +198,19 @@ arcpool_status_t allocator::same_capture(const stream_ref& s, const stream_ref& 
 arcpool_status_t allocator::all_within_capture(allocation& a, const stream_ref& target,
                                                const char* what) {
   ARCPOOL_RETURN_IF_ERROR(same_capture(a.current, target, what));
-  for (const use_record& u : a.uses)
+  for (const use_record& u : a.uses) {
+    if (!u.at_deallocation && u.stream.reachable()) {
+      // Fenced when it was recorded: the stream may be gone since (arcpool_record_use), so it
+      // is asked nothing, and a fence from outside the capture orders none of its nodes.
+      return fail(ARCPOOL_STATUS_UNSUPPORTED,
+                  "%s of %s during a capture: stream %p used it, and arcpool neither created nor "
+                  "registered it (its use was recorded without "
+                  "ARCPOOL_RECORD_USE_FLAG_STREAM_OUTLIVES_DEALLOCATION), so arcpool cannot ask "
+                  "whether it captures: it may be gone",
+                  what, a.describe().c_str(), static_cast<void*>(u.stream.handle));
+    }
     ARCPOOL_RETURN_IF_ERROR(same_capture(u.stream, target, what));
+  }
   return ARCPOOL_STATUS_SUCCESS;
 }
 
