@@ -255,6 +255,50 @@ TEST(Ipc, AMessageWithoutTheMagicNumberHandsBackNoDescriptor) {
   close(sv[1]);
 }
 
+// A message may carry several descriptors in one control message: every one is installed in
+// the receiving process, so every one but the first, which the caller takes, is closed. Only
+// the first was. No CUDA: the socket alone.
+TEST(Ipc, EveryDescriptorAMessageCarriesButTheFirstIsClosed) {
+  int sv[2];
+  ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) << std::strerror(errno);
+  int first[2], second[2];
+  ASSERT_EQ(0, pipe(first)) << std::strerror(errno);
+  ASSERT_EQ(0, pipe(second)) << std::strerror(errno);
+  detail::ipc::message m;
+  m.magic = detail::ipc::kMagic;
+  iovec iov{&m, sizeof m};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  const int sent[2] = {first[0], second[0]};
+  std::memcpy(CMSG_DATA(c), sent, sizeof sent);
+  ASSERT_EQ(static_cast<ssize_t>(sizeof m), sendmsg(sv[1], &msg, 0)) << std::strerror(errno);
+  close(first[0]);  // the message holds its own copies
+  close(second[0]);
+
+  detail::ipc::channel receiver(sv[0]);
+  detail::ipc::message got;
+  int received = -1;
+  ASSERT_OK(receiver.receive(&got, &received));
+  ASSERT_GE(received, 0);
+  const auto previous = signal(SIGPIPE, SIG_IGN);
+  EXPECT_EQ(1, write(first[1], "x", 1)) << "the caller's descriptor reads the first pipe";
+  EXPECT_EQ(-1, write(second[1], "x", 1)) << "the second descriptor was left open";
+  EXPECT_EQ(EPIPE, errno);
+  signal(SIGPIPE, previous);
+  close(received);
+  close(first[1]);
+  close(second[1]);
+  close(sv[1]);
+}
+
 TEST(Ipc, ADevicesOwnPoolCannotBeExported) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   int sv[2];

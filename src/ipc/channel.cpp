@@ -11,7 +11,6 @@
 namespace arcpool::detail::ipc {
 namespace {
 
-constexpr uint32_t kMagic = 0x41504331;  // "APC1"
 /// Room for the ancillary data of one message: a descriptor and credentials.
 constexpr size_t kControlBytes = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(ucred));
 
@@ -140,12 +139,17 @@ arcpool_status_t channel::receive_any(message* m, int* received_fd, pid_t* sende
         continue;
       }
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      int fd = -1;
-      std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-      if (received_fd != nullptr && *received_fd < 0) {
-        *received_fd = fd;
-      } else {
-        close(fd);  // unexpected: never leak it
+      // Every descriptor the message carries is installed in this process: the first one is
+      // the caller's, and any other is closed (unexpected: never leak it).
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof fd, sizeof fd);
+        if (received_fd != nullptr && *received_fd < 0) {
+          *received_fd = fd;
+        } else {
+          close(fd);
+        }
       }
     }
     got += static_cast<size_t>(n);

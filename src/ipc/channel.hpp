@@ -24,6 +24,10 @@ enum class message_kind : uint32_t {
   refused = 7,     ///< importer -> exporter: allocation `id` could not be imported (no use)
 };
 
+/// The first field of every message a channel sends ("APC1"): a socket whose messages lack it
+/// is not an arcpool connection.
+constexpr uint32_t kMagic = 0x41504331;
+
 /// One fixed-size message.
 struct message {
   uint32_t magic = 0;
