@@ -1208,6 +1208,63 @@ TEST(HostMemoryExhaustion, AnIpcSendTheHostHasNoMemoryToRecordKeepsNoClaim) {
   })) << "the allocation was never freed: a refused send kept its claim";
 }
 
+TEST(HostMemoryExhaustion, AnIpcSendRefusedWhileFencingTheUsesKeepsNoEvent) {
+  // With use records on more streams than the fence list holds inline, the send allocates to
+  // fence them after it took its interprocess event: refused there, it gives the event back, so
+  // that every attempt reuses the one event (it was lost, and each attempt made another). Each
+  // attempt lets one more of this thread's allocations through and refuses all the later ones
+  // (an event pool's reservation takes a refusal without failing). Counted with simcuda's call
+  // counters.
+  ARCPOOL_REQUIRE_CUDA_OR_SKIP();
+  if (!arcpool::test::on_simcuda()) GTEST_SKIP() << "counts the events with simcuda's counters";
+  auto events_alive = [] {
+    return arcpool::test::simcuda_calls("cudaEventCreateWithFlags") -
+           arcpool::test::simcuda_calls("cudaEventDestroy");
+  };
+  const uint64_t alive_before = events_alive();
+  exporting_side x;
+  ASSERT_NO_FATAL_FAILURE(x.start("ImporterConnectsAndWaits"));
+  ASSERT_EQ('c', arcpool::test::read_report(x.c.pipe));
+  arcpool_allocation_t* h = nullptr;
+  ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_allocate_async(x.alloc, kBytes, 0, x.s, 0, &h))
+      << arcpool_last_error();
+  arcpool_stream_t users[6] = {};
+  for (arcpool_stream_t& u : users) {
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_stream_create(x.alloc, &u)) << arcpool_last_error();
+    ASSERT_EQ(ARCPOOL_STATUS_SUCCESS, arcpool_record_use(h, u)) << arcpool_last_error();
+  }
+  int refusals = 0;
+  for (int passed = 0;; ++passed) {
+    ASSERT_LT(passed, 100) << "the send kept failing";
+    arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+    {
+      refusing_this_thread_only only_here;
+      g_throwing_news.to_pass = passed;
+      g_throwing_news.to_fail = 1000;
+      status = arcpool_ipc_send(x.e, h);
+      g_throwing_news.to_fail = 0;
+      g_throwing_news.to_pass = 0;
+    }
+    if (status == ARCPOOL_STATUS_SUCCESS) break;
+    ASSERT_EQ(ARCPOOL_STATUS_OUT_OF_MEMORY, status) << arcpool_last_error();
+    EXPECT_EQ(0u, arcpool::test::outstanding(x.e)) << "a refused send was recorded";
+    ++refusals;
+  }
+  EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
+  EXPECT_OK(arcpool_allocation_discard_and_release(h));
+  x.let_child_exit();
+  EXPECT_TRUE(arcpool::test::eventually([&] { return arcpool::test::outstanding(x.e) == 0; }));
+  for (arcpool_stream_t u : users)
+    EXPECT_OK(arcpool_stream_destroy(x.alloc, u));
+  arcpool_ipc_exporter_destroy(std::exchange(x.e, nullptr));
+  x.c.socket = -1;  // the exporter's, closed with it
+  EXPECT_OK(arcpool_stream_synchronize(x.alloc, x.s));
+  EXPECT_OK(arcpool_stream_destroy(x.alloc, std::exchange(x.s, nullptr)));
+  arcpool_allocator_destroy(std::exchange(x.alloc, nullptr));
+  EXPECT_TRUE(arcpool::test::eventually([&] { return events_alive() == alive_before; }))
+      << events_alive() - alive_before << " events never destroyed: a refused send kept one";
+}
+
 TEST(HostMemoryExhaustion, AnIpcExporterRefusedItsWatchersThreadFailsAndKeepsNothing) {
   // arcpool_ipc_exporter_create starts a thread to watch the importer once it greeted it:
   // refused the thread's state (std::bad_alloc, not std::system_error), it fails with

@@ -140,8 +140,14 @@ arcpool_status_t exporter::send(arcpool_allocation_t* a) {
   // thread would break (bench/results/2026-12-04-h200).
   sent s{a, {}};
   ARCPOOL_RETURN_IF_ERROR(events_.take(&s.event));
-  arcpool_status_t status =
-      record.owner.record_after_uses(record, s.event.event, send_stream_, "arcpool_ipc_send");
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  try {
+    status =
+        record.owner.record_after_uses(record, s.event.event, send_stream_, "arcpool_ipc_send");
+  } catch (const std::bad_alloc&) {  // fencing the uses allocates; OUT_OF_MEMORY, nothing kept
+    events_.give_back(s.event);
+    throw;
+  }
   if (status == ARCPOOL_STATUS_SUCCESS) status = drv_.pool_export_pointer(data, &m.pointer);
   if (status == ARCPOOL_STATUS_SUCCESS) status = arcpool_allocation_preserve(a);
   if (status != ARCPOOL_STATUS_SUCCESS) {
