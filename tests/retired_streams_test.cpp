@@ -366,6 +366,43 @@ TEST_P(RetiredStreams, AStreamDestroyedByTheApplicationAfterItsUnregistrationIsN
   arcpool_allocation_release(used_there);
 }
 
+// An export asks the current stream whether it captures; another thread destroys that stream
+// meanwhile. The question is asked under the stream's liveness guard, so that the destruction
+// waits for the answer, and the export then either fences the live stream or finds it gone: it
+// was asked of the handle after the check that the stream lived, and simcuda saw the destroyed
+// stream asked.
+TEST_P(RetiredStreams, AStreamIsNeverAskedWhetherItCapturesOnceDestroyed) {
+  if (GetParam().kind != ARCPOOL_DRIVER_CUDA || !on_simcuda()) {
+    GTEST_SKIP() << "the CUDA driver on simcuda, whose pause points open the window";
+  }
+  arcpool_stream_t doomed = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc_, &doomed));
+  arcpool_allocation_t* a = allocate(kBytes, doomed);
+  ASSERT_TRUE(simcuda_delay_calls("cudaStreamIsCapturing", 300));
+  std::atomic<bool> asking{false};
+  void* exported = nullptr;
+  arcpool_status_t status = ARCPOOL_STATUS_SUCCESS;
+  std::string why;
+  std::thread exporter([&] {
+    asking = true;
+    status = arcpool_allocation_export(a, &exported);
+    why = arcpool_last_error();
+  });
+  while (!asking.load())
+    std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // paused in the question now
+  simcuda_delay_calls("cudaStreamIsCapturing", 0);  // the destroying thread's own is not held
+  EXPECT_OK(arcpool_stream_destroy(alloc_, doomed));
+  exporter.join();
+  EXPECT_TRUE(status == ARCPOOL_STATUS_SUCCESS ||
+              (status == ARCPOOL_STATUS_UNSUPPORTED && why.find("destroyed") != std::string::npos))
+      << why;
+  EXPECT_EQ("", take_simcuda_violations());
+  arcpool_allocation_release(a);
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the destroyed stream's work ran
+  if (exported != nullptr) free_exported(exported, kBytes, caller_);
+}
+
 ARCPOOL_INSTANTIATE_FOR_ALL_DRIVERS(RetiredStreams);
 /// A before-free hook that holds the freeing thread, once every check and wait of its free is
 /// done and before the free is enqueued, until the test lets it go.

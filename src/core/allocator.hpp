@@ -309,10 +309,29 @@ class allocator {
   /// Orders later work on `to` after the work captured on `from` so far (both in one capture):
   /// a captured event record and wait, on an event never used again.
   arcpool_status_t capture_edge(stream_handle from, stream_handle to);
-  /// UNSUPPORTED (naming `what`) when `s` is capturing: one runtime call on the CUDA driver.
+  /// Whether `s` captures now: one runtime call on the CUDA driver. A created or registered
+  /// stream is asked under its liveness guard, so that its retirement (and its destruction)
+  /// waits for the answer; once retired it is asked nothing (its handle may name another stream
+  /// by now) and answers false: its final fence covers it. Any other stream is one the caller
+  /// keeps alive (§6).
+  arcpool_status_t stream_capturing(const stream_ref& s, bool* capturing) {
+    *capturing = false;
+    if (!s.entry) return driver_->stream_is_capturing(s.handle, capturing);
+    const std::optional<arcpool_status_t> asked = s.entry->with_alive(
+        [&](stream_handle h) { return driver_->stream_is_capturing(h, capturing); });
+    return asked ? *asked : ARCPOOL_STATUS_SUCCESS;
+  }
+  /// UNSUPPORTED (naming `what`) when `s` is capturing (stream_capturing).
   arcpool_status_t check_not_capturing(const stream_ref& s, const char* what) {
     bool capturing = false;
-    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &capturing));
+    ARCPOOL_RETURN_IF_ERROR(stream_capturing(s, &capturing));
+    return capturing ? capturing_failure(s, what) : ARCPOOL_STATUS_SUCCESS;
+  }
+  /// check_not_capturing of `h`, the handle of `s`, inside its liveness guard already.
+  arcpool_status_t check_handle_not_capturing(stream_handle h, const stream_ref& s,
+                                              const char* what) {
+    bool capturing = false;
+    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(h, &capturing));
     return capturing ? capturing_failure(s, what) : ARCPOOL_STATUS_SUCCESS;
   }
   arcpool_status_t capturing_failure(const stream_ref& s, const char* what);

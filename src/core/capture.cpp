@@ -179,9 +179,7 @@ arcpool_status_t allocator::same_capture(const stream_ref& s, const stream_ref& 
   capture_info target;
   ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(capturing.handle, &target));
   bool also = false;
-  if (s.reachable() && !s.retired()) {
-    ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &also));
-  }
+  if (s.reachable() && !s.retired()) ARCPOOL_RETURN_IF_ERROR(stream_capturing(s, &also));
   capture_info other;
   if (also) ARCPOOL_RETURN_IF_ERROR(driver_->stream_capture_info(s.handle, &other));
   if (!also || other.id != target.id) {
@@ -298,8 +296,7 @@ arcpool_status_t allocator::deallocate_in_capture(allocation& a, const stream_re
       return ARCPOOL_STATUS_SUCCESS;
     }
     bool capturing = true;
-    if (s.id != caller.id)
-      ARCPOOL_RETURN_IF_ERROR(driver_->stream_is_capturing(s.handle, &capturing));
+    if (s.id != caller.id) ARCPOOL_RETURN_IF_ERROR(stream_capturing(s, &capturing));
     if (capturing) {
       if (!s.entry) {
         return fail(ARCPOOL_STATUS_UNSUPPORTED,

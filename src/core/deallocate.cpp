@@ -27,7 +27,7 @@ arcpool_status_t allocator::take_fence(const stream_ref& s, fence_ref* out) {
     // A created or registered stream: enqueue only while provably alive; once retired, its
     // final fence covers everything that was queued on it.
     const std::optional<arcpool_status_t> recorded = s.entry->with_alive([&](stream_handle h) {
-      ARCPOOL_RETURN_IF_ERROR(check_not_capturing(s, "fence"));
+      ARCPOOL_RETURN_IF_ERROR(check_handle_not_capturing(h, s, "fence"));
       return events_.record(h, s.id, out, slot);
     });
     if (!recorded) {

@@ -138,6 +138,9 @@ cudaError_t stream_get_device(cudaStream_t handle, int* device, bool ptds) {
 cudaError_t stream_is_capturing(cudaStream_t handle, cudaStreamCaptureStatus* status, bool ptds) {
   SIMCUDA_ENTER("cudaStreamIsCapturing");
   if (status == nullptr) return ret(cudaErrorInvalidValue);
+  // Before the handle is looked at: another thread may destroy the stream meanwhile, as it may
+  // between a caller's check that the stream lives and the call.
+  pause_point(lock, "cudaStreamIsCapturing");
   stream_obj* s = resolve_stream(handle, ptds, "cudaStreamIsCapturing");
   if (s == nullptr) return ret(cudaErrorInvalidResourceHandle);
   // "Note that, if this is called on cudaStreamLegacy (the "null stream") while a blocking

@@ -397,7 +397,8 @@ cudaError_t enter(const char* name);
 /// Sets the thread's last error to `e` (unless success) and returns it.
 cudaError_t ret(cudaError_t e);
 /// The calls that have a pause point (simcuda_delay_calls).
-constexpr const char* kPausingCalls[] = {"cudaEventQuery", "cudaGraphRetainUserObject"};
+constexpr const char* kPausingCalls[] = {"cudaEventQuery", "cudaGraphRetainUserObject",
+                                         "cudaStreamIsCapturing"};
 /// A pause point of the call `name`: sleeps for its simcuda_delay_calls delay, if any, with
 /// `lock` (the runtime's) released, so that other threads may call in meanwhile.
 void pause_point(std::unique_lock<std::mutex>& lock, const char* name);
