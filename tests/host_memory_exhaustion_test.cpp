@@ -65,6 +65,7 @@
 
 #include "arcpool/arcpool.h"
 #include "drivers/driver.hpp"
+#include "support/address_table.hpp"
 #include "support/driver_test.hpp"
 #include "support/ipc_processes.hpp"
 
@@ -231,6 +232,39 @@ void expect_refused_calls_change_nothing(const char* what, Call call, Check afte
     ++refusals;
   }
   EXPECT_LT(0, refusals) << "no attempt was refused: the test proves nothing";
+}
+
+TEST(HostMemoryExhaustion, AnEntryTakenOutGoesBackWhenItsTableFilledAndCannotGrow) {
+  // A by-pointer free takes its entry out of the map, and puts it back when the free is refused
+  // (nothing freed). Other threads' inserts may fill the table meanwhile: without host memory
+  // to grow, the entry still goes back, over the table's half-full limit. Refused, the map's
+  // reference went and freed the memory the caller was told was not freed.
+  struct tag {
+    int n;
+  };
+  using table = arcpool::detail::address_table<tag>;
+  table t;
+  tag values[130] = {};
+  uintptr_t start = 0x100000;
+  // Full to its limit (half of its first 256 slots): the next insert must grow.
+  while (t.size() < 128) {
+    ASSERT_TRUE(t.insert(start, 64, &values[t.size()]));
+    start += 0x1000;
+  }
+  const uintptr_t taken = 0x100000;
+  t.erase(t.find_start(taken));                    // the free takes it out
+  ASSERT_TRUE(t.insert(start, 64, &values[128]));  // another thread fills it again
+  g_array_news.to_fail = 1;
+  EXPECT_FALSE(t.insert(start + 0x1000, 64, &values[129]));  // a new entry is refused
+  EXPECT_EQ(0, g_array_news.to_fail.load()) << "the table did not try to grow";
+  g_array_news.to_fail = 1;
+  EXPECT_TRUE(t.put_back(taken, 64, &values[0])) << "the entry taken out was lost";
+  g_array_news.to_fail = 0;
+  ASSERT_NE(table::npos, t.find_start(taken));
+  EXPECT_EQ(&values[0], t.value_at(t.find_start(taken)));
+  EXPECT_EQ(129u, t.size());
+  for (uintptr_t s = 0x100000; s <= start; s += 0x1000)
+    EXPECT_NE(table::npos, t.find_start(s)) << "entry " << s << " lost its probe sequence";
 }
 
 TEST(HostMemoryExhaustion, AByPointerAllocationThatCannotBeRecordedFailsAndLosesNothing) {

@@ -60,10 +60,11 @@ arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device
       a->release();
       return status;
     }
-    // Nothing was freed: the entry goes back as it was. That fails only when other threads'
-    // inserts made the table grow meanwhile and host memory ran out: then the map's reference
-    // goes, and its last reference frees the memory on its current stream (design.md §3).
-    if (!map.insert(a)) a->release();
+    // Nothing was freed: the entry goes back as it was, also when other threads' inserts filled
+    // its table meanwhile and it cannot grow (over the table's half-full limit). Only a table
+    // with no free slot but one refuses it: then the map's reference goes, and its last
+    // reference frees the memory on its current stream (design.md §3).
+    if (!map.put_back(a)) a->release();
     return status;
   }
   a->release();  // the map's reference

@@ -33,10 +33,18 @@ class pointer_map {
   /// The allocation whose data range contains `p`, with a new reference the caller releases;
   /// null if none.
   allocation* find(const void* p) const;
+  /// Puts back `a`, taken out by take: as insert, but when its shard's table cannot grow (no
+  /// host memory) it goes over the table's half-full limit (address_table::put_back). False,
+  /// with nothing kept, only when all but one of the shard's slots are full.
+  bool put_back(allocation* a) {
+    const auto start = reinterpret_cast<uintptr_t>(a->placement.data);
+    shard& s = shards_[shard_of(start)];
+    std::lock_guard<spinlock> lock(s.mutex);
+    return s.by_start.put_back(start, a->placement.size, a);
+  }
   /// Removes and returns the allocation whose data range contains `p`, with the map's claim
-  /// and reference; null if none. Until the caller puts it back, no other thread finds it, and
-  /// putting it back fails only if other allocations made its shard's table grow meanwhile and
-  /// no host memory was left.
+  /// and reference; null if none. Until the caller puts it back (put_back), no other thread
+  /// finds it.
   allocation* take(const void* p) {
     return with_entry(*this, reinterpret_cast<uintptr_t>(p), [](shard& s, size_t i) {
       allocation* a = s.by_start.value_at(i);

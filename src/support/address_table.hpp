@@ -29,11 +29,17 @@ class address_table {
       slots_[i] = slot{start, size, value};
       return true;
     }
-    size_t i = home(start);
-    while (slots_[i].start != 0 && slots_[i].start != start)
-      i = (i + 1) & mask_;
-    if (slots_[i].start == 0) ++count_;
-    slots_[i] = slot{start, size, value};
+    place(start, size, value);
+    return true;
+  }
+
+  /// Puts back an entry erased earlier, as insert adds one, except that when the table would
+  /// have to grow and no host memory is left, the entry goes in over the half-full limit while
+  /// another slot stays free (probe sequences still end at a gap): whoever took it out relies on
+  /// putting it back. False, with the table unchanged, only when all but one slot are full.
+  bool put_back(uintptr_t start, size_t size, T* value) noexcept {
+    if (count_ >= limit_ && !grow() && count_ + 1 >= capacity()) return false;
+    place(start, size, value);
     return true;
   }
 
@@ -88,6 +94,14 @@ class address_table {
   static constexpr size_t kInitialSlots = 256;
 
   size_t capacity() const noexcept { return slots_ ? mask_ + 1 : 0; }
+  /// Adds or replaces the entry of `start`, in a table with a free slot. One probe sequence.
+  void place(uintptr_t start, size_t size, T* value) noexcept {
+    size_t i = home(start);
+    while (slots_[i].start != 0 && slots_[i].start != start)
+      i = (i + 1) & mask_;
+    if (slots_[i].start == 0) ++count_;
+    slots_[i] = slot{start, size, value};
+  }
   /// Fibonacci hashing of the start: the low bits of device addresses are mostly alignment.
   size_t home(uintptr_t start) const noexcept {
     return static_cast<size_t>((static_cast<uint64_t>(start) * 0x9E3779B97F4A7C15ull) >> 32) &
