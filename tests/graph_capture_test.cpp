@@ -725,6 +725,18 @@ TEST_P(GraphCapture, AnAmbientSynchronizingFreeDuringACaptureFailsAndKeepsItsMem
   finish_reclaims();
 }
 
+// Under the synchronize policy a free of NULL does nothing, as cudaFree's, and a free of a
+// pointer arcpool did not hand out is refused: neither synchronizes the device, which blocked
+// and invalidated another thread's capture for nothing.
+TEST_P(GraphCapture, AnAmbientFreeOfNullOrAnUnknownPointerLeavesACaptureIntact) {
+  ASSERT_OK(arcpool_allocator_set_ambient_stream(alloc_, ARCPOOL_AMBIENT_SYNCHRONIZE, nullptr));
+  global_capture capture(make_stream());
+  EXPECT_OK(arcpool_ambient_free(alloc_, nullptr));
+  int not_arcpools = 0;
+  EXPECT_STATUS(ARCPOOL_STATUS_UNKNOWN_POINTER, arcpool_ambient_free(alloc_, &not_arcpools));
+  EXPECT_EQ(cudaSuccess, capture.end()) << "a free with nothing to free synchronized the device";
+}
+
 // design.md §9: under the synchronize policy an allocation synchronizes its stream before it
 // returns. When that synchronization fails, the caller takes the failure for "nothing
 // allocated", so the memory goes back: before, it stayed allocated, its pointer nowhere but in

@@ -6,6 +6,17 @@
 #include "support/status.hpp"
 
 namespace arcpool::detail {
+namespace {
+
+/// UNKNOWN_POINTER for a free of `p`.
+arcpool_status_t unknown_pointer(const void* p) {
+  return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
+              "free of %p: no live by-pointer allocation contains it (never allocated by pointer, "
+              "or already freed)",
+              p);
+}
+
+}  // namespace
 
 arcpool_status_t allocator::malloc_by_pointer(size_t size, size_t alignment, stream_handle s,
                                               void** out) {
@@ -38,12 +49,7 @@ arcpool_status_t allocator::free_by_pointer(void* p, stream_handle s, int device
   // Out of the map before the free: once freed, the block may come back at once, at the same
   // address, to another thread's by-pointer allocation, whose entry must not meet this one.
   allocation* a = map.take(p);
-  if (a == nullptr) {
-    return fail(ARCPOOL_STATUS_UNKNOWN_POINTER,
-                "free of %p: no live by-pointer allocation contains it (never allocated by "
-                "pointer, or already freed)",
-                p);
-  }
+  if (a == nullptr) return unknown_pointer(p);
   // Guarded here, not only at the entry point: a throw (no host memory, before the commit)
   // must come back through the re-insert below.
   const arcpool_status_t status = api::guarded([&] {
@@ -132,11 +138,19 @@ arcpool_status_t allocator::ambient_malloc(size_t size, void** out) {
 }
 
 arcpool_status_t allocator::ambient_free(void* p) {
+  if (p == nullptr) return ARCPOOL_STATUS_SUCCESS;  // as cudaFree: "no operation is performed"
   stream_handle s = nullptr;
   bool synchronize = false;
   ARCPOOL_RETURN_IF_ERROR(ambient_stream(&s, &synchronize));
-  // As cudaFree: whatever stream still uses the memory has finished first.
-  if (synchronize) ARCPOOL_RETURN_IF_ERROR(driver_->device_synchronize());
+  if (synchronize) {
+    // A pointer with nothing to free is refused first: the synchronization would block, and
+    // invalidate a capture, for nothing.
+    allocation* a = by_pointer_allocations().find(p);
+    if (a == nullptr) return unknown_pointer(p);
+    a->release();
+    // As cudaFree: whatever stream still uses the memory has finished first.
+    ARCPOOL_RETURN_IF_ERROR(driver_->device_synchronize());
+  }
   return free_by_pointer(p, s, -1);
 }
 
