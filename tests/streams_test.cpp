@@ -76,14 +76,18 @@ TEST_P(Streams, IdentityIsTheStreamIdNotTheHandle) {
   arcpool_allocation_release(a);
 }
 
-TEST_P(Streams, ARegisteredStreamIsProvablyAliveUntilUnregistered) {
+// Registrations are counted: two components may each register a stream (the application, and
+// a framework's capture wrapper around its capture), and each withdraws its own. The first
+// unregister retired the stream under the other's feet.
+TEST_P(Streams, ARegisteredStreamIsProvablyAliveUntilEveryRegistrationIsWithdrawn) {
   arcpool_stream_t app = make_app_stream();
   ASSERT_OK(arcpool_stream_register(alloc_, app));
-  EXPECT_OK(arcpool_stream_register(alloc_, app)) << "registering twice is a no-op";
+  ASSERT_OK(arcpool_stream_register(alloc_, app));
+  ASSERT_OK(arcpool_stream_unregister(alloc_, app));  // the second registration's
   arcpool_allocation_t* a = allocate(kBytes, app);
   EXPECT_OK(arcpool_deallocate_async(a, s_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
   sync(app);
-  EXPECT_EQ(1u, stats().origin_routed_frees);
+  EXPECT_EQ(1u, stats().origin_routed_frees) << "registered still, by its first registration";
   ASSERT_OK(arcpool_stream_unregister(alloc_, app));
   arcpool_allocation_t* b = allocate(kBytes, app);
   EXPECT_OK(arcpool_deallocate_async(b, s_, ARCPOOL_DEALLOCATE_FLAG_PREFER_ORIGIN));
@@ -91,6 +95,20 @@ TEST_P(Streams, ARegisteredStreamIsProvablyAliveUntilUnregistered) {
   EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_unregister(alloc_, app));
   arcpool_allocation_release(a);
   arcpool_allocation_release(b);
+}
+
+// A stream arcpool created may be registered too (a framework's wrapper cannot tell it from an
+// application's stream): the unregister withdraws that registration alone, and the stream stays
+// arcpool's until destroyed. It answered INVALID_ARGUMENT, failing the wrapper's capture end.
+TEST_P(Streams, ACreatedStreamRegisteredAgainIsUnregisteredAndStaysArcpools) {
+  ASSERT_OK(arcpool_stream_register(alloc_, s_));
+  ASSERT_OK(arcpool_stream_unregister(alloc_, s_));
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_unregister(alloc_, s_))
+      << "a created stream is not registered once its registrations are withdrawn";
+  arcpool_allocation_t* a = allocate(kBytes, s_);
+  EXPECT_OK(arcpool_deallocate_async(a, s_, 0)) << "still arcpool's stream";
+  arcpool_allocation_release(a);
+  sync(s_);
 }
 
 TEST_P(Streams, UnregisteringTakesTheFencesArcpoolStillNeeds) {

@@ -327,15 +327,19 @@ ARCPOOL_API arcpool_status_t arcpool_stream_synchronize(arcpool_allocator_t* all
 /**
  * Tells `allocator` that the application stream `stream` stays alive until
  * arcpool_stream_unregister, so arcpool may enqueue on it later (frees routed to it as an
- * origin, fences for uses recorded on it taken at deallocation time). Registering twice is a
- * no-op. Never blocks.
+ * origin, fences for uses recorded on it taken at deallocation time). Registrations are
+ * counted: a stream registered n times (a framework's capture wrapper and the application may
+ * each register it) stays registered until the n-th unregister. A stream created by
+ * arcpool_stream_create may be registered too; each such registration is withdrawn by an
+ * unregister, and the stream stays arcpool's until arcpool_stream_destroy. Never blocks.
  */
 ARCPOOL_API arcpool_status_t arcpool_stream_register(arcpool_allocator_t* allocator,
                                                      arcpool_stream_t stream);
 
-/** Withdraws a registration: first takes any fence arcpool still needs from `stream`, after
- * which arcpool never touches it again. INVALID_ARGUMENT if it was not registered;
- * UNSUPPORTED, with the registration kept, while it is capturing a graph. Never blocks. */
+/** Withdraws a registration. The last one first takes any fence arcpool still needs from
+ * `stream`, after which arcpool never touches it again. INVALID_ARGUMENT if it was not
+ * registered; UNSUPPORTED, with the registration kept, while the last one's stream is capturing
+ * a graph. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_stream_unregister(arcpool_allocator_t* allocator,
                                                        arcpool_stream_t stream);
 

@@ -239,7 +239,10 @@ arcpool_status_t allocator::register_stream(stream_handle s) {
                 "thread",
                 static_cast<void*>(s));
   }
-  if (ref.entry) return ARCPOOL_STATUS_SUCCESS;  // already known
+  if (ref.entry) {  // already known: one more registration to withdraw
+    ref.entry->add_registration();
+    return ARCPOOL_STATUS_SUCCESS;
+  }
   if (ref.capture_scoped()) {
     // Named by its handle for a capture only: its identity, cudaStreamGetId, is not asked
     // during a capture (resolve_stream_slow), and an entry under the capture's name would be
@@ -256,6 +259,7 @@ arcpool_status_t allocator::register_stream(stream_handle s) {
 arcpool_status_t allocator::unregister_stream(stream_handle s) {
   stream_ref ref;
   ARCPOOL_RETURN_IF_ERROR(resolve_stream(s, &ref));
+  if (ref.entry && ref.entry->withdraw_registration()) return ARCPOOL_STATUS_SUCCESS;
   if (!ref.entry || ref.entry->created()) {
     return fail(ARCPOOL_STATUS_INVALID_ARGUMENT, "stream %p is not registered with this allocator",
                 static_cast<void*>(s));

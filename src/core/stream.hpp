@@ -63,6 +63,20 @@ class stream_entry {
   /// Gives the claim back: the retirement failed, the stream stays.
   void give_retirement_back() noexcept { retiring_.store(false, std::memory_order_release); }
 
+  /// Counts a registration beyond the one that made the entry (or, for a created stream, any):
+  /// two components that each register a stream, a framework's capture wrapper and the
+  /// application, each withdraw their own.
+  void add_registration() noexcept { extra_registrations_.fetch_add(1, std::memory_order_relaxed); }
+  /// Withdraws one counted registration: false when none is left (an unregister then retires a
+  /// registered stream, and is refused for a created one).
+  bool withdraw_registration() noexcept {
+    uint32_t n = extra_registrations_.load(std::memory_order_relaxed);
+    while (n != 0 &&
+           !extra_registrations_.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) {
+    }
+    return n != 0;
+  }
+
   /// Retires the stream: records `final_fence` on it first (waiting for in-flight enqueues),
   /// after which arcpool never touches it again.
   arcpool_status_t retire(event_pool& events);
@@ -88,6 +102,7 @@ class stream_entry {
   shared_spinlock mutex_;
   std::atomic<bool> alive_{true};
   std::atomic<bool> retiring_{false};  ///< a call claimed the retirement (claim_retirement)
+  std::atomic<uint32_t> extra_registrations_{0};  ///< add_registration's count
   fence_ref final_;
 };
 
