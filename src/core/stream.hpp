@@ -176,14 +176,17 @@ class stream_registry {
 
   /// Adds `entry`, which takes its statistics row from `rows`; returns false if its identity
   /// is already present (a registration racing another), and then `entry` is destroyed with no
-  /// row taken. Makes the graveyard's room for it first: std::bad_alloc, nothing added, if the
-  /// host has no memory.
+  /// row taken and the present entry counts one more registration (add_registration). Makes the
+  /// graveyard's room for it first: std::bad_alloc, nothing added, if the host has no memory.
   bool add(std::unique_ptr<stream_entry> entry, stream_stats_table& rows) {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     const size_t room = entries_.size() + graveyard_.size() + 1;
     if (graveyard_.capacity() < room) graveyard_.reserve(std::max(room, 2 * graveyard_.capacity()));
     const auto [it, added] = entries_.try_emplace(entry->id(), std::move(entry));
-    if (!added) return false;  // try_emplace left `entry` unmoved: no one saw it
+    if (!added) {  // try_emplace left `entry` unmoved: no one saw it
+      it->second->add_registration();
+      return false;
+    }
     it->second->take_row(rows);
     stamp_.store(next_stamp(), std::memory_order_release);
     return true;
