@@ -378,6 +378,9 @@ TEST_P(RetiredStreams, AStreamIsNeverAskedWhetherItCapturesOnceDestroyed) {
   arcpool_stream_t doomed = nullptr;
   ASSERT_OK(arcpool_stream_create(alloc_, &doomed));
   arcpool_allocation_t* a = allocate(kBytes, doomed);
+  cudaEvent_t allocated = nullptr;  // orders the exported memory's free after its allocation
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&allocated, cudaEventDisableTiming));
+  ASSERT_EQ(cudaSuccess, cudaEventRecord(allocated, static_cast<cudaStream_t>(doomed)));
   ASSERT_TRUE(simcuda_delay_calls("cudaStreamIsCapturing", 300));
   std::atomic<bool> asking{false};
   void* exported = nullptr;
@@ -399,7 +402,8 @@ TEST_P(RetiredStreams, AStreamIsNeverAskedWhetherItCapturesOnceDestroyed) {
       << why;
   EXPECT_EQ("", take_simcuda_violations());
   arcpool_allocation_release(a);
-  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());  // the destroyed stream's work ran
+  ASSERT_EQ(cudaSuccess, cudaStreamWaitEvent(static_cast<cudaStream_t>(caller_), allocated, 0));
+  ASSERT_EQ(cudaSuccess, cudaEventDestroy(allocated));
   if (exported != nullptr) free_exported(exported, kBytes, caller_);
 }
 
