@@ -112,6 +112,23 @@ TEST_F(Streams, WorkQueuedOnADestroyedStreamStillRuns) {
   EXPECT_TRUE(eventually(w, 1));
 }
 
+// cudaDeviceSynchronize: "Blocks until the device has completed all preceding requested
+// tasks", those of a stream destroyed meanwhile too, so that memory allocated there may then be
+// freed on any stream. simcuda forgot the work of a destroyed stream once it had drained, and
+// its race checker saw such a free unordered after the allocation.
+TEST_F(Streams, ADeviceSynchronizationOrdersLaterWorkAfterADestroyedStreamsWork) {
+  cudaStream_t gone = make_stream(cudaStreamNonBlocking);
+  cudaStream_t later = make_stream(cudaStreamNonBlocking);
+  void* p = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaMallocAsync(&p, 4096, gone));
+  ASSERT_EQ(cudaSuccess, cudaStreamDestroy(gone));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the stream's resources go
+  ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  ASSERT_EQ(cudaSuccess, cudaFreeAsync(p, later));
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(later));
+  ASSERT_EQ(cudaSuccess, cudaStreamDestroy(later));
+}
+
 TEST_F(Streams, HostFunctionsRunInOrderAndBlockLaterWork) {
   cudaStream_t s = make_stream(cudaStreamNonBlocking);
   struct log {

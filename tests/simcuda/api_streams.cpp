@@ -451,8 +451,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t handle) {
   if (s->capture != nullptr) unverified("cudaStreamDestroy of a capturing stream");
   s->destroyed = true;
   if (!s->worker_started) {
-    auto& list = r.devices[s->device]->streams;
-    list.erase(std::remove(list.begin(), list.end(), s), list.end());
+    device_obj& d = *r.devices[s->device];
+    d.drained_clock.join(s->clock);
+    d.streams.erase(std::remove(d.streams.begin(), d.streams.end(), s), d.streams.end());
   }
   r.cv.notify_all();
   return cudaSuccess;

@@ -282,6 +282,9 @@ struct device_obj {
   size_t reserved = 0;
   stream_obj* legacy = nullptr;
   std::vector<stream_obj*> streams;  ///< every stream of the device not yet drained after destroy
+  /// The clocks of destroyed streams that drained and left `streams`: a device synchronization
+  /// orders the host after their work too ("all preceding requested tasks").
+  vclock drained_clock;
   pool_obj* default_pool = nullptr;
   pool_obj* current_pool = nullptr;
   uint64_t contexts = 0;

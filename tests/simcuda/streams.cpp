@@ -49,8 +49,9 @@ void worker(stream_obj* s) {
   // cudaStreamDestroy() is called, the function will return immediately and the resources
   // associated with stream will be released automatically once the device has completed all
   // work in stream." The object stays as a tombstone so later uses are caught.
-  auto& list = r.devices[s->device]->streams;
-  list.erase(std::remove(list.begin(), list.end(), s), list.end());
+  device_obj& d = *r.devices[s->device];
+  d.drained_clock.join(s->clock);
+  d.streams.erase(std::remove(d.streams.begin(), d.streams.end(), s), d.streams.end());
 }
 
 }  // namespace
@@ -202,7 +203,7 @@ void device_barrier(device_obj& d, const char* why) {
 
 void device_wait(std::unique_lock<std::mutex>& lock, device_obj& d) {
   std::vector<stream_point> points;
-  vclock clock;
+  vclock clock = d.drained_clock;
   for (stream_obj* t : d.streams) {
     points.push_back({t, t->enqueued});
     clock.join(t->clock);
