@@ -1,14 +1,17 @@
 // design.md §6: stream identity, liveness (created, registered, retired), default streams,
 // the event pool, and several allocators in one process. On both drivers.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <set>
 #include <thread>
 
 #include "drivers/host_stream.hpp"
 #include "support/driver_test.hpp"
+#include "support/simcuda_probe.hpp"
 
 namespace arcpool::test {
 namespace {
@@ -109,6 +112,26 @@ TEST_P(Streams, ACreatedStreamRegisteredAgainIsUnregisteredAndStaysArcpools) {
   EXPECT_OK(arcpool_deallocate_async(a, s_, 0)) << "still arcpool's stream";
   arcpool_allocation_release(a);
   sync(s_);
+}
+
+// arcpool.h: a destroy whose cudaStreamDestroy fails has retired the stream already (its
+// fences taken, its cache flushed); the failure is reported, and the stream is not arcpool's.
+TEST_P(Streams, ADestroyWhoseCudaCallFailsReportsItAndTheStreamIsArcpoolsNoMore) {
+  if (GetParam().kind != ARCPOOL_DRIVER_CUDA || !on_simcuda()) {
+    GTEST_SKIP() << "injects the failure with simcuda_fail_next";
+  }
+  arcpool_stream_t doomed = nullptr;
+  ASSERT_OK(arcpool_stream_create(alloc_, &doomed));
+  arcpool_allocation_t* a = allocate(kBytes, doomed);
+  ASSERT_OK(arcpool_deallocate_async(a, doomed, 0));  // into its cache
+  arcpool_allocation_release(a);
+  ASSERT_TRUE(simcuda_fail_next("cudaStreamDestroy", cudaErrorUnknown));
+  EXPECT_STATUS(ARCPOOL_STATUS_CUDA_ERROR, arcpool_stream_destroy(alloc_, doomed));
+  EXPECT_NE(nullptr, std::strstr(arcpool_last_error(), "cudaStreamDestroy"))
+      << arcpool_last_error();
+  EXPECT_EQ(0u, stats().bytes_cached_current) << "its cache was given back";
+  EXPECT_STATUS(ARCPOOL_STATUS_INVALID_ARGUMENT, arcpool_stream_destroy(alloc_, doomed));
+  ASSERT_EQ(cudaSuccess, cudaStreamDestroy(static_cast<cudaStream_t>(doomed)));  // the caller's
 }
 
 TEST_P(Streams, UnregisteringTakesTheFencesArcpoolStillNeeds) {

@@ -315,7 +315,9 @@ ARCPOOL_API arcpool_status_t arcpool_stream_create(arcpool_allocator_t* allocato
 
 /** Destroys a stream made by arcpool_stream_create. Work already queued still runs; fences
  * arcpool still needs from it are taken first. UNSUPPORTED, with nothing changed, while the
- * stream is capturing a graph. Never blocks. */
+ * stream is capturing a graph. When cudaStreamDestroy itself fails (a broken context), the
+ * stream is arcpool's no more (its fences were taken, its cache given back): the status names
+ * the failure, and a retry is INVALID_ARGUMENT. Never blocks. */
 ARCPOOL_API arcpool_status_t arcpool_stream_destroy(arcpool_allocator_t* allocator,
                                                     arcpool_stream_t stream);
 
