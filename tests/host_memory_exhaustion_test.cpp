@@ -252,6 +252,7 @@ TEST(HostMemoryExhaustion, AnEntryTakenOutGoesBackWhenItsTableFilledAndCannotGro
     start += 0x1000;
   }
   const uintptr_t taken = 0x100000;
+  const int failed_before = g_array_news.failed.load();
   t.erase(t.find_start(taken));                    // the free takes it out
   ASSERT_TRUE(t.insert(start, 64, &values[128]));  // another thread fills it again
   g_array_news.to_fail = 1;
@@ -259,7 +260,9 @@ TEST(HostMemoryExhaustion, AnEntryTakenOutGoesBackWhenItsTableFilledAndCannotGro
   EXPECT_EQ(0, g_array_news.to_fail.load()) << "the table did not try to grow";
   g_array_news.to_fail = 1;
   EXPECT_TRUE(t.put_back(taken, 64, &values[0])) << "the entry taken out was lost";
+  EXPECT_EQ(failed_before + 2, g_array_news.failed.load()) << "the put-back did not try to grow";
   g_array_news.to_fail = 0;
+  g_array_news.failed = failed_before;  // as it was: the tests of one process share the count
   ASSERT_NE(table::npos, t.find_start(taken));
   EXPECT_EQ(&values[0], t.value_at(t.find_start(taken)));
   EXPECT_EQ(129u, t.size());
