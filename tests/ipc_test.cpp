@@ -695,8 +695,9 @@ TEST_F(IpcImporter, AReceiveWaitingWhileTheImporterIsDestroyedReturnsOnceTheNext
   ASSERT_NO_FATAL_FAILURE(start("ExporterSendsAndWaits", {"ARCPOOL_IPC_SEND_ON_GO=1"}));
   arcpool_allocation_t* h = nullptr;
   std::string why;
+  arcpool_ipc_importer_t* const importer = im;  // the receiving thread's copy: im changes below
   auto received = std::async(std::launch::async, [&] {
-    const arcpool_status_t status = arcpool_ipc_receive(im, s, &h);
+    const arcpool_status_t status = arcpool_ipc_receive(importer, s, &h);
     why = arcpool_last_error();
     return status;
   });
