@@ -689,7 +689,7 @@ TEST_F(IpcImporter, ACaptureBegunWhileAReceiveWaitsIsRefusedWhenTheAllocationArr
 
 // A receive waiting for the exporter holds the importer while another thread destroys it: once
 // the allocation arrives, the receive refuses it to the exporter and says why, and nothing it
-// touches is gone (ASan saw the freed importer before it took its reference).
+// touches is gone (without its reference, the receive read the freed importer's closed socket).
 TEST_F(IpcImporter, AReceiveWaitingWhileTheImporterIsDestroyedReturnsOnceTheNextMessageArrives) {
   ARCPOOL_REQUIRE_CUDA_OR_SKIP();
   ASSERT_NO_FATAL_FAILURE(start("ExporterSendsAndWaits", {"ARCPOOL_IPC_SEND_ON_GO=1"}));
