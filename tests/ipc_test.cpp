@@ -215,6 +215,26 @@ TEST(Ipc, ASocketOtherThanABlockingUnixStreamIsRefused) {
   arcpool_allocator_destroy(a);
 }
 
+/// Writes `m` to the socket `fd` with `fds` in one SCM_RIGHTS control message, as a peer that is
+/// not arcpool (or a faulty one) may send it.
+void send_with_descriptors(int fd, const detail::ipc::message& m, std::initializer_list<int> fds) {
+  detail::ipc::message copy = m;
+  iovec iov{&copy, sizeof copy};
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+  ASSERT_LE(fds.size(), 4u);
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  std::memcpy(CMSG_DATA(c), fds.begin(), fds.size() * sizeof(int));
+  ASSERT_EQ(static_cast<ssize_t>(sizeof copy), sendmsg(fd, &msg, 0)) << std::strerror(errno);
+}
+
 // A message without arcpool's magic number is refused, and a descriptor that came with it is
 // closed, once: receive leaves the caller nothing to close. (Before, it closed the descriptor
 // and handed its number back, which the importer closed again: in a process with other
@@ -225,19 +245,7 @@ TEST(Ipc, AMessageWithoutTheMagicNumberHandsBackNoDescriptor) {
   int pipe_fds[2];
   ASSERT_EQ(0, pipe(pipe_fds)) << std::strerror(errno);
   detail::ipc::message garbage;  // magic 0
-  iovec iov{&garbage, sizeof garbage};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &pipe_fds[0], sizeof(int));
-  ASSERT_EQ(static_cast<ssize_t>(sizeof garbage), sendmsg(sv[1], &msg, 0)) << std::strerror(errno);
+  ASSERT_NO_FATAL_FAILURE(send_with_descriptors(sv[1], garbage, {pipe_fds[0]}));
   close(pipe_fds[0]);  // the message holds its own copy
 
   detail::ipc::channel receiver(sv[0]);
@@ -266,20 +274,7 @@ TEST(Ipc, EveryDescriptorAMessageCarriesButTheFirstIsClosed) {
   ASSERT_EQ(0, pipe(second)) << std::strerror(errno);
   detail::ipc::message m;
   m.magic = detail::ipc::kMagic;
-  iovec iov{&m, sizeof m};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-  const int sent[2] = {first[0], second[0]};
-  std::memcpy(CMSG_DATA(c), sent, sizeof sent);
-  ASSERT_EQ(static_cast<ssize_t>(sizeof m), sendmsg(sv[1], &msg, 0)) << std::strerror(errno);
+  ASSERT_NO_FATAL_FAILURE(send_with_descriptors(sv[1], m, {first[0], second[0]}));
   close(first[0]);  // the message holds its own copies
   close(second[0]);
 

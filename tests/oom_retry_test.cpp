@@ -49,6 +49,20 @@ class OutOfMemoryRetry : public DriverTest {
     }
   }
 
+  /// Fills the pool from a stream arcpool does not know and frees it, deferred, on y_: a
+  /// polling pass queues the free on the reclaim stream (there is no other stream to route it
+  /// to), where it has not run yet, so that the pool is still full.
+  void queue_a_free_on_the_reclaim_stream() {
+    arcpool_stream_t app = make_app_stream();
+    arcpool_allocation_t* a = fill_the_pool(app);
+    EXPECT_OK(arcpool_deallocate_async(a, y_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
+    arcpool_allocation_release(a);
+    sync(app);
+    sync(y_);
+    ASSERT_EQ(1u, core().reclaim_poll_once()) << "the free is queued on the reclaim stream";
+    ASSERT_EQ(kBig, pool_used()) << "not run yet: nothing runs unless driven";
+  }
+
   arcpool_stream_t x_ = nullptr;
   arcpool_stream_t y_ = nullptr;
 };
@@ -88,14 +102,7 @@ TEST_P(OutOfMemoryRetry, TheRetryWaitsForFreesTheWorkerQueuedOnTheReclaimStream)
   // stream, queued there by a pass that ran before the retry (the worker's, here this
   // thread's) and not run yet. The retry's drain finds no item left, and must still wait for
   // that stream.
-  arcpool_stream_t app = make_app_stream();
-  arcpool_allocation_t* a = fill_the_pool(app);
-  EXPECT_OK(arcpool_deallocate_async(a, y_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
-  arcpool_allocation_release(a);
-  sync(app);
-  sync(y_);
-  EXPECT_EQ(1u, core().reclaim_poll_once()) << "the free is queued on the reclaim stream";
-  EXPECT_EQ(kBig, pool_used()) << "not run yet: nothing runs unless driven";
+  ASSERT_NO_FATAL_FAILURE(queue_a_free_on_the_reclaim_stream());
   allocate_through_the_retry();
 }
 
@@ -104,14 +111,7 @@ TEST_P(OutOfMemoryRetry, ItsDrainWaitsForFreesAnEarlierPassQueuedOnTheReclaimStr
   // free an earlier pass queued on the reclaim stream. Nothing else here runs work (the retry
   // above also synchronizes arcpool's streams, whose waits may run that free by the seed's
   // choice), so a drain that does not wait is caught at every seed.
-  arcpool_stream_t app = make_app_stream();
-  arcpool_allocation_t* a = fill_the_pool(app);
-  EXPECT_OK(arcpool_deallocate_async(a, y_, ARCPOOL_DEALLOCATE_FLAG_DEFERRED));
-  arcpool_allocation_release(a);
-  sync(app);
-  sync(y_);
-  EXPECT_EQ(1u, core().reclaim_poll_once()) << "the free is queued on the reclaim stream";
-  EXPECT_EQ(kBig, pool_used()) << "not run yet: nothing runs unless driven";
+  ASSERT_NO_FATAL_FAILURE(queue_a_free_on_the_reclaim_stream());
   EXPECT_OK(core().reclaim_drain());
   EXPECT_EQ(0u, pool_used()) << "the drain returned before the reclaim stream's free ran";
 }
